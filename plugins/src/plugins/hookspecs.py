@@ -1,0 +1,22 @@
+"""Hook specifications of the ``core`` plugin system (pluggy project ``"core"``)."""
+
+import pluggy
+
+PROJECT_NAME = "core"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_platform():
+    """Return the backend this plugin provides.
+
+    Called once per plugin module when the engine discovers plugins.
+
+    :return: a :class:`plugins.Platform` subclass (or an instance of one). The engine
+        instantiates a class with no arguments. Must be cheap and must not touch the
+        device: availability is asked later through ``Platform.is_available()``.
+
+    .. versionadded:: 1
+    """

@@ -1,0 +1,161 @@
+"""Reference kernels: the ops model layers call, in plain torch.
+
+These are correct on every torch device and are the yardstick the conformance kit
+measures native kernels against. A backend subclasses :class:`Kernels` and overrides
+the ops it does better; the rest fall back to these. Shapes use ``T`` for the number
+of new tokens in the flattened batch (see :mod:`plugins.attention`), ``Hq``/``Hk`` for
+query/key-value heads and ``D`` for the head size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from plugins.attention import AttentionMetadata
+from plugins.errors import UnsupportedFeature
+
+
+@dataclass(frozen=True)
+class GGUFWeight:
+    """A linear weight kept in its GGUF block-quantized form.
+
+    ``data`` is the raw uint8 tensor of ``rows`` rows, each ``row_bytes`` long, for a
+    logical ``[rows, cols]`` matrix of quantization type ``qtype`` (``"Q8_0"``, ``"Q4_0"``,
+    ``"Q4_1"``, ``"Q4_K"``, ...), exactly as stored in the file.
+    """
+
+    qtype: str
+    data: torch.Tensor
+    rows: int
+    cols: int
+
+
+class Kernels:
+    """Torch reference implementation of every kernel (device-neutral, float32 math).
+
+    Override any method with a native kernel of the same signature and semantics.
+    """
+
+    #: quantized weight formats :meth:`prepare_linear` accepts besides full precision:
+    #: ``"int8"`` (weight-only, per-output-channel scales) and/or ``"gguf"``.
+    supported_quantizations: ClassVar[frozenset[str]] = frozenset()
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``x / rms(x) * weight`` over the last dimension; same dtype as ``x``."""
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (out * weight.float()).to(x.dtype)
+
+    def fused_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(rms_norm(x + residual), x + residual)``; the sum is the new residual."""
+        summed = (x.float() + residual.float()).to(x.dtype)
+        return self.rms_norm(summed, weight, eps), summed
+
+    def rotary_embedding(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q [T, Hq, D]`` and ``k [T, Hk, D]`` (GPT-NeoX style, rotate-half).
+
+        ``cos_sin_cache [max_position, D]`` holds ``cos`` in its first ``D/2`` columns and
+        ``sin`` in the rest, for each position; ``positions [T]`` indexes it.
+        """
+        cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+        return rotate(q), rotate(k)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x[:, :I]) * x[:, I:]`` for ``x [T, 2I]``."""
+        gate, up = x.float().chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(x.dtype)
+
+    def write_kv_cache(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Store ``k, v [T, Hk, D]`` into flat cache slot ``slot_mapping[t]`` (in place).
+
+        Caches are ``[num_blocks, block_size, Hk, D]``; slot ``s`` is block
+        ``s // block_size``, offset ``s % block_size``. Tokens whose slot is negative
+        (padding) are not written.
+        """
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep]
+        k_flat = k_cache.view(-1, *k_cache.shape[2:])
+        v_flat = v_cache.view(-1, *v_cache.shape[2:])
+        k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
+        v_flat.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of ``q [T, Hq, D]`` over each sequence's cached K/V.
+
+        The keys and values of this step's tokens are already in the cache
+        (:meth:`write_kv_cache` runs first). Query ``i`` of a sequence with ``query_len``
+        new tokens and ``seq_len`` context sees keys ``0 ... seq_len - query_len + i``.
+        GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns
+        ``[T, Hq, D]`` in ``q``'s dtype.
+        """
+        out = torch.empty_like(q)
+        block_size = k_cache.shape[1]
+        group = q.shape[1] // k_cache.shape[2]
+        start = 0
+        for i, (q_len, s_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+            if s_len == 0:  # padding sequence of a runner: nothing to attend to
+                out[start : start + q_len] = 0
+                start += q_len
+                continue
+            num_blocks = -(-s_len // block_size)
+            blocks = meta.block_tables[i, :num_blocks].long()
+            keys = k_cache[blocks].flatten(0, 1)[:s_len].float()  # [S, Hk, D]
+            values = v_cache[blocks].flatten(0, 1)[:s_len].float()
+            keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
+            values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+            query = q[start : start + q_len].float().transpose(0, 1)  # [Hq, Q, D]
+            scores = torch.matmul(query, keys.transpose(1, 2)) * scale  # [Hq, Q, S]
+            q_pos = torch.arange(s_len - q_len, s_len, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(s_len, device=q.device).unsqueeze(0)
+            scores.masked_fill_(k_pos > q_pos, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out[start : start + q_len] = torch.matmul(probs, values).transpose(0, 1).to(q.dtype)
+            start += q_len
+        return out
+
+    def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
+        """Turn a loaded weight into the form :meth:`linear` takes (called once at load).
+
+        :param weight: ``[out_features, in_features]`` in the compute dtype, or a
+            :class:`GGUFWeight` when ``"gguf"`` is in :attr:`supported_quantizations`.
+        :param quantization: ``None`` for full precision, or one of
+            :attr:`supported_quantizations`.
+        """
+        if quantization is not None or isinstance(weight, GGUFWeight):
+            raise UnsupportedFeature(
+                f"quantization {quantization!r} is not supported by the reference kernels; "
+                "supported: none (full precision)"
+            )
+        return weight
+
+    def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for ``x [T, in]`` and a weight from :meth:`prepare_linear`."""
+        return F.linear(x, weight, bias)

@@ -1,0 +1,134 @@
+"""The one interface a backend implements: :class:`Platform`.
+
+A backend must set :attr:`Platform.name`, :attr:`Platform.device_type`,
+:attr:`Platform.priority` and implement :meth:`Platform.is_available`. Everything else
+has a correct, device-neutral default: the torch reference kernels, eager
+execution and a host-memory profiler. Override what the device does better.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from plugins.env import EnvVar, read_env
+
+#: Version of this interface. A plugin may set ``Platform.api_version`` to the version
+#: it was written for; the engine rejects a mismatch naming both numbers.
+PLATFORM_API_VERSION = 1
+
+
+class Platform:
+    """A hardware backend. Subclass it; instances are created with no arguments."""
+
+    # -- identity (required) ---------------------------------------------------------
+    #: what ``--device`` takes, e.g. ``"cpu_x86"``
+    name: ClassVar[str] = ""
+    #: the torch device type tensors live on: ``"cpu"``, ``"cuda"``, ``"mps"``, ``"hpu"``, ...
+    device_type: ClassVar[str] = ""
+    #: ``--device auto`` picks the available platform with the highest priority
+    priority: ClassVar[int] = 0
+    #: the :data:`PLATFORM_API_VERSION` this platform was written for (None: current)
+    api_version: ClassVar[int | None] = None
+
+    # -- capabilities (optional) -----------------------------------------------------
+    #: compute dtypes the platform runs, best first; the first is the ``auto`` dtype
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
+    #: environment variables the platform reads (see :class:`plugins.EnvVar`)
+    env_vars: ClassVar[tuple[EnvVar, ...]] = ()
+    #: ``torch.distributed`` backend for multi-device runs
+    distributed_backend: ClassVar[str] = "gloo"
+
+    def is_available(self) -> bool:
+        """Whether this machine can run the platform. Must be cheap and never raise."""
+        raise NotImplementedError(f"{type(self).__name__} must implement is_available()")
+
+    def unavailable_reason(self) -> str | None:
+        """(optional) override: why :meth:`is_available` is False, in a few words."""
+        return None if self.is_available() else "is_available() returned False"
+
+    def device_info(self) -> dict[str, Any]:
+        """(optional) override: facts for ``core devices`` (name, count, memory, ISA flags)."""
+        return {}
+
+    # -- configuration ---------------------------------------------------------------
+    @functools.cached_property
+    def env(self) -> dict[str, Any]:
+        """The parsed values of :attr:`env_vars`, ``{name: value}``, read once.
+
+        :raises plugins.EnvConfigError: naming the first variable with a bad value.
+        """
+        return read_env(self.env_vars)
+
+    def read_env(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """Parse :attr:`env_vars` from ``environ`` (used by tests and ``--env``)."""
+        return read_env(self.env_vars, environ)
+
+    def check_config(self, config: Any) -> dict[str, Any]:
+        """(optional) override: adjust or reject an engine config.
+
+        :param config: the engine config (attributes ``dtype``, ``block_size``,
+            ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+            ``enforce_eager``, ``quantization``, ...), read only.
+        :return: overrides ``{field: value}`` the engine merges, validates and logs.
+        :raises ValueError: a setting the platform cannot run, with the reason.
+        """
+        return {}
+
+    def init_device(self, config: Any) -> None:
+        """(optional) override: one-time device set-up once this platform is chosen
+        (thread binding, device selection). Heavy imports belong here, not at import."""
+
+    # -- parts the engine uses ---------------------------------------------------------
+    @functools.cached_property
+    def kernels(self):
+        """The kernel set (:class:`plugins.kernels.Kernels`). Override :meth:`make_kernels`."""
+        return self.make_kernels()
+
+    def make_kernels(self):
+        """(optional) override to return a :class:`plugins.kernels.Kernels` subclass instance."""
+        from plugins.kernels import Kernels
+
+        return Kernels()
+
+    @functools.cached_property
+    def memory(self):
+        """The memory profiler (:class:`plugins.memory.MemoryProfiler`)."""
+        return self.make_memory_profiler()
+
+    def make_memory_profiler(self):
+        """(optional) override to return a :class:`plugins.memory.MemoryProfiler` subclass."""
+        from plugins.memory import MemoryProfiler
+
+        return MemoryProfiler(self)
+
+    @functools.cached_property
+    def runner(self):
+        """The execution strategy (:class:`plugins.runner.Runner`)."""
+        return self.make_runner()
+
+    def make_runner(self):
+        """(optional) override to return a :class:`plugins.runner.Runner` subclass instance."""
+        from plugins.runner import Runner
+
+        return Runner(self)
+
+    def torch_device(self):
+        """The ``torch.device`` tensors are placed on (default: ``device_type``)."""
+        import torch
+
+        return torch.device(self.device_type)
+
+    def synchronize(self) -> None:
+        """(optional) override: wait for queued device work (used by timing and profiling)."""
+
+    def get_extension(self, name: str) -> Any | None:
+        """(optional) override: a device-specific extra by name, or None if not provided.
+
+        The escape hatch for features that are not part of the shared interface.
+        """
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"

@@ -1,0 +1,99 @@
+"""Execution strategies: how a platform runs the model's forward pass.
+
+The default :class:`Runner` runs eagerly. Graph-capturing or shape-bucketing
+platforms subclass it: :meth:`Runner.padded_num_seqs` picks the captured/compiled
+size a batch is padded to, :func:`pad_inputs` pads, and the padding rows are cut
+from the output by :meth:`Runner.execute`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from plugins.attention import AttentionMetadata
+
+
+@dataclass
+class ModelInputs:
+    """One step's inputs of the model forward, flattened as in :mod:`plugins.attention`."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    attn_metadata: AttentionMetadata
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
+    """Pad a decode-only batch to ``num_seqs`` sequences of one token each.
+
+    Padding tokens have id 0, position 0 and slot -1 (never written); padding
+    sequences have ``seq_len`` 0 and an all-zero block table, so attention over them
+    is defined (zeros) and reads nothing it should not.
+    """
+    meta = inputs.attn_metadata
+    extra = num_seqs - meta.num_seqs
+    if extra < 0:
+        raise ValueError(f"cannot pad {meta.num_seqs} sequences down to {num_seqs}")
+    if extra == 0:
+        return inputs
+    if not meta.is_decode_only:
+        raise ValueError("pad_inputs pads decode-only batches (one token per sequence)")
+    device = inputs.input_ids.device
+    zeros = torch.zeros(extra, dtype=torch.int64, device=device)
+    table_pad = torch.zeros(extra, meta.block_tables.shape[1], dtype=meta.block_tables.dtype, device=device)
+    end = int(meta.query_start_loc[-1]) if meta.num_seqs else 0
+    padded = replace(
+        meta,
+        query_start_loc=torch.cat(
+            [meta.query_start_loc, torch.arange(end + 1, end + extra + 1, dtype=torch.int32, device=device)]
+        ),
+        seq_lens=torch.cat([meta.seq_lens, zeros.to(torch.int32)]),
+        block_tables=torch.cat([meta.block_tables, table_pad]),
+        slot_mapping=torch.cat([meta.slot_mapping, zeros - 1]),
+        query_lens_host=meta.query_lens_host + [1] * extra,
+        seq_lens_host=meta.seq_lens_host + [0] * extra,
+    )
+    return ModelInputs(torch.cat([inputs.input_ids, zeros]), torch.cat([inputs.positions, zeros]), padded)
+
+
+class Runner:
+    """Eager execution: call the model as it is. Override to capture or compile.
+
+    The model is called as ``model(input_ids, positions, kv_caches, attn_metadata)``
+    and returns hidden states ``[T, hidden_size]``.
+    """
+
+    #: whether this runner replays captured graphs (the engine reports it)
+    supports_graph_capture: bool = False
+
+    def __init__(self, platform: Any) -> None:
+        self.platform = platform
+
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
+        """(optional) override to warm up, compile or capture graphs before serving.
+
+        Called once after the KV cache is allocated.
+        """
+
+    def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
+        """(optional) override: the batch size to pad a batch to, or None to run as is."""
+        return None
+
+    def execute(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+        """Run one forward pass and return hidden states for the real (unpadded) tokens."""
+        num_tokens = inputs.num_tokens
+        target = self.padded_num_seqs(inputs)
+        if target is not None and target != inputs.attn_metadata.num_seqs:
+            inputs = pad_inputs(inputs, target)
+        hidden = self.forward(model, kv_caches, inputs)
+        return hidden[:num_tokens]
+
+    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+        """The forward pass on (possibly padded) inputs. Override to replay graphs."""
+        return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
