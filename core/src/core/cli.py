@@ -1,0 +1,136 @@
+"""The ``core`` command: ``core devices``, ``core serve``, ``core bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from plugins import EnvConfigError, PluginError
+
+from core import __version__
+from core.config import add_engine_args, config_from_args
+from core.discovery import PluginRecord, discover
+
+logger = logging.getLogger("core")
+
+
+def _device_rows(records: list[PluginRecord]) -> list[dict]:
+    rows = []
+    for r in records:
+        info: dict = {}
+        if r.is_available:
+            try:
+                info = r.platform.device_info()
+            except Exception as exc:  # device_info is informational: report, don't fail the listing
+                info = {"error": f"device_info() raised {type(exc).__name__}: {exc}"}
+        rows.append(
+            {
+                "name": r.name,
+                "distribution": r.dist_name,
+                "version": r.version,
+                "device_type": r.platform.device_type if r.platform else None,
+                "priority": r.platform.priority if r.platform else None,
+                "available": r.is_available,
+                "reason": r.reason,
+                "device_info": info,
+            }
+        )
+    return rows
+
+
+def _env_rows(records: list[PluginRecord]) -> list[dict]:
+    rows = []
+    for r in records:
+        for var in r.platform.env_vars if r.platform else ():
+            raw = var.raw(os.environ)
+            rows.append(
+                {
+                    "plugin": r.name,
+                    "variable": var.env_name,
+                    "value": raw[1] if raw else None,
+                    "set_as": raw[0] if raw else None,
+                    "default": var.default,
+                    "help": var.help,
+                }
+            )
+    return rows
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for line in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    records = discover()
+    if args.env:
+        rows = _env_rows(records)
+        if args.json:
+            print(json.dumps(rows, indent=2, default=str))
+        else:
+            _print_table(
+                ["PLUGIN", "VARIABLE", "VALUE", "DEFAULT", "HELP"],
+                [[r["plugin"], r["variable"], "(unset)" if r["value"] is None else r["value"], r["default"], r["help"]] for r in rows],
+            )
+        return 0
+    rows = _device_rows(records)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    table = []
+    for r in rows:
+        status = "available" if r["available"] else f"unavailable: {r['reason']}"
+        info = ", ".join(f"{k}={v}" for k, v in r["device_info"].items())
+        table.append([r["name"], r["version"], r["device_type"] or "-", r["priority"] if r["priority"] is not None else "-", status, info])
+    _print_table(["NAME", "VERSION", "DEVICE", "PRIORITY", "STATUS", "DEVICE INFO"], table)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from core.server.app import run_server
+
+    config = config_from_args(args)
+    return run_server(config, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="core", description="LLM inference and serving engine with pluggable hardware backends")
+    parser.add_argument("--version", action="version", version=f"core {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("CORE_LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    devices = sub.add_parser("devices", help="list every discovered backend plugin: available or why not")
+    devices.add_argument("--env", action="store_true", help="list every declared environment variable")
+    devices.add_argument("--json", action="store_true", help="machine-readable output")
+    devices.set_defaults(func=cmd_devices)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(serve)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("CORE_API_KEY"))
+    serve.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 503")
+    serve.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    serve.set_defaults(func=cmd_serve)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return args.func(args)
+    except (PluginError, EnvConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Engine configuration: one dataclass, shared by the CLI, the server and ``LLM``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    """Settings of one engine. Field names follow vLLM's engine arguments."""
+
+    model: str | None = None  # HF directory, .gguf file or hub id; None = the default model
+    device: str = "auto"
+    dtype: str = "auto"  # auto = the platform's first supported dtype
+    quantization: str | None = None  # None, "int8" (weight-only) or "gguf" (kept as in the file)
+    max_model_len: int | None = None  # None = the model's own limit
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    enforce_eager: bool = False
+    kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
+    gpu_memory_utilization: float = 0.9
+    served_model_name: str | None = None
+
+    def validate(self) -> None:
+        """Reject impossible settings with a message naming the field."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+
+    def apply_overrides(self, overrides: dict[str, Any], source: str) -> None:
+        """Merge a platform's ``check_config`` overrides, logging each change."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        for key, value in overrides.items():
+            if key not in fields:
+                raise ValueError(f"{source} overrides unknown engine setting {key!r}")
+            if getattr(self, key) != value:
+                logger.info("%s sets %s=%r (was %r)", source, key, value, getattr(self, key))
+                setattr(self, key, value)
+        self.validate()
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add vLLM's engine flags (DESIGN.md §6) to ``parser``."""
+    d = EngineConfig()
+    parser.add_argument("model", nargs="?", default=None, help="HF model directory, .gguf file or hub id (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default=d.device, help="backend plugin name, or auto (highest-priority available)")
+    parser.add_argument("--dtype", default=d.dtype, choices=DTYPES)
+    parser.add_argument("--quantization", "-q", default=None, choices=("int8", "gguf"))
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching)
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--enforce-eager", action="store_true", help="disable graph capture / compilation")
+    parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV cache size in GiB (default: the platform decides)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    parser.add_argument("--served-model-name", default=None)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build an :class:`EngineConfig` from parsed :func:`add_engine_args` flags."""
+    config = EngineConfig(
+        model=args.model or args.model_flag,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        seed=args.seed,
+        enforce_eager=args.enforce_eager,
+        kv_cache_bytes=int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        served_model_name=args.served_model_name,
+    )
+    config.validate()
+    return config

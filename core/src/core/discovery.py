@@ -1,0 +1,155 @@
+"""Discover backend plugins and select the platform to run on (DESIGN.md §4).
+
+Each entry point of the group ``core.platforms`` is imported on its own, so a plugin
+that fails to import is reported with its error and skipped without breaking the
+others; ``CORE_PLUGINS=a,b`` restricts loading to those entry-point names. Hook
+implementations are called one by one for the same reason, and selection never
+depends on pluggy's call order: it is explicit (priority, then name).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pluggy
+
+import plugins
+from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError
+from plugins import hookspecs
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "core.platforms"
+
+
+@dataclass
+class PluginRecord:
+    """One discovered plugin: its platform, or the error that kept it out."""
+
+    name: str
+    dist_name: str
+    version: str
+    platform: Platform | None = None
+    error: str | None = None
+    _available: bool | None = field(default=None, repr=False)
+    _reason: str | None = field(default=None, repr=False)
+
+    @property
+    def is_available(self) -> bool:
+        """Whether the platform loaded and reports itself available (asked once)."""
+        if self._available is None:
+            self._available, self._reason = _probe(self)
+        return self._available
+
+    @property
+    def reason(self) -> str | None:
+        """Why the plugin cannot be used, or None when it can."""
+        self.is_available  # noqa: B018 - fills the cached reason
+        return self._reason
+
+
+def _probe(record: PluginRecord) -> tuple[bool, str | None]:
+    if record.platform is None:
+        return False, record.error
+    try:
+        if record.platform.is_available():
+            return True, None
+        return False, record.platform.unavailable_reason() or "not available"
+    except Exception as exc:  # a buggy is_available() must not hide the other plugins
+        return False, f"is_available() raised {type(exc).__name__}: {exc}"
+
+
+def _plugin_filter(environ: Mapping[str, str]) -> set[str] | None:
+    text = environ.get("CORE_PLUGINS", "").strip()
+    if not text:
+        return None
+    return {name.strip() for name in text.split(",") if name.strip()}
+
+
+def _instantiate(result: object, entry_name: str) -> Platform:
+    platform = result() if isinstance(result, type) else result
+    if not isinstance(platform, Platform):
+        raise PluginError(f"register_platform() of '{entry_name}' returned {result!r}, expected a plugins.Platform subclass")
+    if not platform.name:
+        raise PluginError(f"platform of '{entry_name}' has no name")
+    wanted = platform.api_version
+    if wanted is not None and wanted != PLATFORM_API_VERSION:
+        raise PluginError(
+            f"platform '{platform.name}' was written for PLATFORM_API_VERSION {wanted}, "
+            f"this engine provides {PLATFORM_API_VERSION}"
+        )
+    return platform
+
+
+def discover(environ: Mapping[str, str] | None = None) -> list[PluginRecord]:
+    """Load every plugin of the ``core.platforms`` group and return one record each, sorted by name."""
+    environ = os.environ if environ is None else environ
+    wanted = _plugin_filter(environ)
+    manager = pluggy.PluginManager(plugins.PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    records: dict[str, PluginRecord] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in records or (wanted is not None and ep.name not in wanted):
+            continue
+        dist = ep.dist
+        record = PluginRecord(
+            name=ep.name,
+            dist_name=dist.metadata["Name"] if dist is not None else "?",
+            version=dist.version if dist is not None else "?",
+        )
+        records[ep.name] = record
+        try:
+            module = ep.load()
+            manager.register(module, name=ep.name)
+            impls = [impl for impl in manager.hook.register_platform.get_hookimpls() if impl.plugin_name == ep.name]
+            if not impls:
+                raise PluginError(f"module '{ep.value}' implements no register_platform hook")
+            record.platform = _instantiate(impls[0].function(), ep.name)
+        except Exception as exc:
+            record.error = f"failed to load: {type(exc).__name__}: {exc}"
+            logger.warning("plugin '%s' (%s) skipped: %s", ep.name, ep.value, record.error)
+    if wanted is not None:
+        for name in sorted(wanted - records.keys()):
+            logger.warning("CORE_PLUGINS names '%s', which is not installed", name)
+    return [records[name] for name in sorted(records)]
+
+
+def select_platform(device: str, records: list[PluginRecord]) -> Platform:
+    """Return the platform for ``--device`` (``auto`` or a plugin name).
+
+    :raises PlatformUnavailable: with the reason, or the installed names and the pip
+        command when the name is not installed.
+    """
+    by_name = {r.platform.name if r.platform else r.name: r for r in records}
+    if device == "auto":
+        usable = [r for r in records if r.is_available]
+        if not usable:
+            reasons = "; ".join(f"{r.name}: {r.reason}" for r in records) or "no plugin installed"
+            raise PlatformUnavailable(
+                f"No available device for --device auto ({reasons}). Install a backend, e.g. pip install plugin_cpu_x86"
+            )
+        chosen = min(usable, key=lambda r: (-r.platform.priority, r.platform.name))
+        others = ", ".join(
+            f"{r.name} ({'priority ' + str(r.platform.priority) if r.is_available else r.reason})"
+            for r in records
+            if r is not chosen
+        )
+        logger.info(
+            "selected %s (priority %d); alternatives: %s", chosen.platform.name, chosen.platform.priority, others or "none"
+        )
+        return chosen.platform
+    record = by_name.get(device)
+    if record is None:
+        installed = ", ".join(sorted(by_name)) or "none"
+        raise PlatformUnavailable(
+            f"Unknown device '{device}'. Installed: {installed}. To add it: pip install plugin_{device}"
+        )
+    if not record.is_available:
+        raise PlatformUnavailable(f"Device '{device}' is installed but unavailable: {record.reason}")
+    logger.info("selected %s (requested by --device)", device)
+    return record.platform
+

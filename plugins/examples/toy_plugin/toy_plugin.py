@@ -1,0 +1,22 @@
+"""A minimal third-party backend: the example of the plugin author guide.
+
+Everything it does not define (kernels, memory profiler, runner, env config) comes
+from :class:`plugins.Platform`'s device-neutral defaults, so ``core serve --device toy``
+works with these few lines.
+"""
+
+import plugins
+
+
+class ToyPlatform(plugins.Platform):
+    name = "toy"  # what --device takes
+    device_type = "cpu"  # the torch device type its tensors live on
+    priority = 0  # --device auto picks the highest available
+
+    def is_available(self) -> bool:
+        return True
+
+
+@plugins.hookimpl
+def register_platform():
+    return ToyPlatform
