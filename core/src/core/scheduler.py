@@ -1,0 +1,255 @@
+"""Continuous-batching scheduler: a token budget per step, chunked prefill, preemption.
+
+One step (``schedule``) picks, within ``max_num_batched_tokens`` new tokens:
+
+1. running sequences first, highest priority first (a decode is one token; a partly
+   prefilled prompt gets the next chunk of what is left of the budget); when KV blocks
+   run out, the lowest-priority, latest running sequence is preempted by recompute:
+   its blocks are freed, ``num_computed_tokens`` goes back to 0 and it returns to the
+   waiting queue, ahead of later arrivals of its priority;
+2. then waiting sequences, by (priority, arrival), while blocks, budget and
+   ``max_num_seqs`` allow. A sequence taking its first blocks reuses its longest cached
+   prefix. Nothing is admitted in a step that preempted.
+
+The engine runs the model on the scheduled tokens, samples one token for each sequence
+that reached its end, and calls ``update``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+from core.block_manager import BlockManager
+from core.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+def _order(seq: Sequence) -> tuple[int, float, int]:
+    """Scheduling order: lower priority value first, then earlier arrival."""
+    return (seq.priority, seq.arrival_time, seq.seq_id)
+
+
+@dataclass
+class ScheduledSeq:
+    """A sequence's share of one step.
+
+    Its new tokens are ``seq.token_ids[start_pos : start_pos + num_new_tokens]`` at
+    positions ``start_pos ...``; ``needs_sample`` says whether the step must produce a
+    token for it (it reaches ``seq.num_tokens``). Both are fixed when it is scheduled.
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    start_pos: int = field(init=False)
+    needs_sample: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start_pos = self.seq.num_computed_tokens
+        self.needs_sample = self.start_pos + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step computes: the scheduled sequences and those preempted to make room."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """New tokens in this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing was scheduled."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides which tokens of which sequences each engine step computes.
+
+    :param block_manager: owns the KV blocks.
+    :param max_num_seqs: most sequences running at once.
+    :param max_num_batched_tokens: most new tokens per step.
+    :param max_model_len: most tokens (prompt + output) per sequence.
+    :param enable_chunked_prefill: split prompts longer than the step's remaining budget.
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs})"
+            )
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"Without chunked prefill max_num_batched_tokens ({max_num_batched_tokens}) must be "
+                f">= max_model_len ({max_model_len}), or no long prompt could ever run"
+            )
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self._waiting: list[Sequence] = []  # kept sorted by _order
+        self._running: list[Sequence] = []  # kept sorted by _order; the last is preempted first
+        self.num_preemptions = 0  # total so far, for metrics
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV blocks (decoding or partly prefilled)."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for their first (or, after preemption, next) admission."""
+        return len(self._waiting)
+
+    def has_unfinished(self) -> bool:
+        """True while any sequence is waiting or running."""
+        return bool(self._waiting or self._running)
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` tokens fits both max_model_len and the whole cache."""
+        return num_tokens <= self.max_model_len and self.block_manager.can_ever_fit(num_tokens)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence. Raises ValueError when its prompt can never run."""
+        if seq.status is not SequenceStatus.WAITING:
+            raise ValueError(f"Sequence {seq.seq_id} is {seq.status.name}, expected WAITING")
+        if seq.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"Request {seq.request_id!r}: prompt of {seq.num_prompt_tokens} tokens exceeds "
+                f"max_model_len {self.max_model_len}"
+            )
+        if not self.block_manager.can_ever_fit(seq.num_prompt_tokens):
+            bm = self.block_manager
+            raise ValueError(
+                f"Request {seq.request_id!r}: prompt of {seq.num_prompt_tokens} tokens needs "
+                f"{bm.num_blocks_for(seq.num_prompt_tokens)} KV blocks, the cache has {bm.num_total_blocks}"
+            )
+        bisect.insort(self._waiting, seq, key=_order)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's tokens and allocate their blocks. Call ``update`` after each."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(self.max_num_batched_tokens, out)
+        if not out.preempted:
+            self._schedule_waiting(budget, out)
+        return out
+
+    def update(self, output: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Record that ``output``'s tokens were computed and append the sampled tokens.
+
+        :param sampled: seq_id -> token for every scheduled sequence with
+            ``needs_sample``; entries for other sequences are ignored.
+        :returns: the sequences that received a token. Those that reached
+            ``max_model_len`` or the size of the whole cache are finished here
+            (``FINISHED_LENGTH``, blocks freed).
+        """
+        advanced: list[Sequence] = []
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.is_finished:  # aborted after it was scheduled
+                continue
+            seq.num_computed_tokens = item.start_pos + item.num_new_tokens
+            if item.needs_sample:
+                if seq.seq_id not in sampled:
+                    raise KeyError(f"No sampled token for sequence {seq.seq_id} (request {seq.request_id!r})")
+                seq.append_token(sampled[seq.seq_id])
+                advanced.append(seq)
+            self.block_manager.cache_blocks(seq)
+            if item.needs_sample and not self.can_ever_fit(seq.num_tokens):
+                self.finish(seq, SequenceStatus.FINISHED_LENGTH)
+        return advanced
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """End ``seq`` with a ``FINISHED_*`` status and free its blocks.
+
+        A sequence that is already finished keeps its first status.
+        """
+        if not status.is_finished:
+            raise ValueError(f"finish() needs a FINISHED_* status, got {status.name}")
+        if seq.is_finished:
+            return
+        queue = self._running if seq.status is SequenceStatus.RUNNING else self._waiting
+        queue.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Abort every live sequence of ``request_id``; returns them (empty if none)."""
+        seqs = [s for s in (*self._running, *self._waiting) if s.request_id == request_id]
+        for seq in seqs:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seqs
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        """Schedule running sequences in order, preempting from the back; returns the budget left."""
+        index = 0
+        while index < len(self._running) and budget > 0:
+            seq = self._running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_tokens = seq.num_computed_tokens + num_new
+            while not self.block_manager.can_allocate(seq, num_tokens):
+                # the victim is never one scheduled already: they all precede ``index``
+                victim = self._running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            self.block_manager.allocate(seq, num_tokens)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        """Admit waiting sequences in order until one does not fit (no overtaking)."""
+        bm = self.block_manager
+        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
+            seq = self._waiting[0]
+            num_cached = bm.match_prefix(seq)
+            num_left = seq.num_tokens - num_cached
+            num_new = min(num_left, budget)
+            if num_new < num_left and not self.enable_chunked_prefill:
+                return
+            if not bm.can_allocate(seq, num_cached + num_new):
+                return
+            self._waiting.pop(0)
+            bm.allocate(seq, num_cached + num_new)  # sets num_computed_tokens to num_cached
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self._running, seq, key=_order)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and requeue it to recompute prompt + output later."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        bisect.insort(self._waiting, seq, key=_order)
+        logger.debug("preempted sequence %d (request %r): KV cache full", seq.seq_id, seq.request_id)

@@ -1,0 +1,101 @@
+"""The state of one generated sequence: the object that travels through the engine.
+
+A request with ``n > 1`` becomes ``n`` sequences sharing one ``request_id``. The
+scheduler owns the lifecycle (``status``, ``num_computed_tokens``), the block manager
+owns ``block_table`` and ``block_hashes``, the engine appends sampled tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its lifecycle; the ``FINISHED_*`` members say why it ended."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens, max_model_len or the whole KV cache reached
+    FINISHED_ABORTED = "abort"  # the client went away or the request was cancelled
+
+    @property
+    def is_finished(self) -> bool:
+        """True for the ``FINISHED_*`` members."""
+        return self.name.startswith("FINISHED_")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI/vLLM ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``), None while live."""
+        return self.value if self.is_finished else None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence being generated: its tokens, progress and KV blocks.
+
+    ``eq=False``: sequences compare by identity, so list removal never confuses two
+    sequences that happen to hold the same tokens.
+
+    :param seq_id: unique over the engine's lifetime.
+    :param request_id: the request this sequence answers (shared by its ``n`` siblings).
+    :param prompt_token_ids: the prompt; must not be empty.
+    :param params: the request's sampling parameters (opaque to the scheduler).
+    :param arrival_time: when the request arrived (seconds); orders equal priorities.
+    :param priority: lower values are scheduled first.
+    """
+
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any
+    arrival_time: float
+    priority: int = 0
+    token_ids: list[int] = field(init=False)  # prompt + output
+    output_token_ids: list[int] = field(init=False, default_factory=list)
+    num_computed_tokens: int = field(init=False, default=0)  # tokens whose KV is in the cache
+    num_cached_tokens: int = field(init=False, default=0)  # of those, found in the prefix cache
+    block_table: list[int] = field(init=False, default_factory=list)
+    # content hashes of the full blocks of token_ids, filled lazily by the block manager;
+    # tokens are only ever appended, so they stay valid across preemptions
+    block_hashes: list[bytes] = field(init=False, default_factory=list)
+    status: SequenceStatus = field(init=False, default=SequenceStatus.WAITING)
+    num_preemptions: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"Request {self.request_id!r}: the prompt has no tokens")
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Number of prompt tokens."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Number of generated tokens so far."""
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the sequence has a ``FINISHED_*`` status."""
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """``"stop"``, ``"length"`` or ``"abort"`` once finished, else None."""
+        return self.status.finish_reason
+
+    def append_token(self, token_id: int) -> None:
+        """Append one generated token."""
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
