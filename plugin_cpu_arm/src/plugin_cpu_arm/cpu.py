@@ -1,5 +1,6 @@
 """Host-CPU pieces shared by the CPU backends: the ``CPU_*`` variables, thread binding
-and a KV-cache budget that honours ``CPU_KVCACHE_SPACE``.
+and a KV-cache budget that honours ``CPU_KVCACHE_SPACE`` (kept in step with
+``plugin_s390x.cpu``: distributions cannot import each other).
 
 The variable names and meanings are vLLM's (``VLLM_CPU_KVCACHE_SPACE``,
 ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``), read as ``CORE_*``

@@ -1,0 +1,97 @@
+"""The IBM Z backend: Linux on s390x with the vector facility and its z14 enhancements."""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import re
+from typing import Any
+
+import plugins
+from plugin_s390x.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+
+#: machine type numbers of ``/proc/cpuinfo`` and the IBM Z generation they belong to
+MACHINE_GENERATIONS = {
+    "2964": "z13", "2965": "z13s", "3906": "z14", "3907": "z14 ZR1", "8561": "z15",
+    "8562": "z15 T02", "3931": "z16", "3932": "z16 A02", "9175": "z17",
+}  # fmt: skip
+#: ``/proc/cpuinfo`` features: vector facility (z13), enhancements 1 (z14) and 2 (z15)
+ISA_FLAGS = {"vx": "vx", "vxe": "vxe", "vxe2": "vxe2", "nnpa": "nnpa"}
+
+
+def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, Any]]:
+    """Decide availability from ``platform.machine()`` and ``/proc/cpuinfo`` text.
+
+    Requires ``vx`` and ``vxe``: the kernels target z14 (``-march=z14 -mzvector``), as
+    vLLM's s390x build does ("VXE support, z14 and later").
+
+    :return: ``(reason it is unavailable or None, ISA flags and machine generation)``.
+    """
+    features = cpuinfo_features(cpuinfo)
+    info: dict[str, Any] = {name: feature in features for name, feature in ISA_FLAGS.items()}
+    found = re.search(r"machine\s*=\s*(\w+)", cpuinfo)
+    info["machine"] = MACHINE_GENERATIONS.get(found.group(1), found.group(1)) if found else None
+    if machine.lower() != "s390x":
+        return f"host CPU is {machine or 'unknown'}, not s390x", info
+    if not info["vx"]:
+        return "s390x CPU without the vector facility (no 'vx' in /proc/cpuinfo features)", info
+    if not info["vxe"]:
+        return (
+            f"s390x CPU ({info['machine'] or 'unknown machine'}) without vector enhancements 'vxe': z14 or later needed",
+            info,
+        )
+    return None, info
+
+
+class S390xPlatform(plugins.Platform):
+    """Runs on the host's IBM Z cores. The kernels are the SDK's torch reference ones.
+
+    s390x is big-endian while safetensors and GGUF files are little-endian: the weight
+    loader must byte-swap. The platform says so through :attr:`host_byte_order` and the
+    ``"byte_order"`` extension, so the loader asks a capability instead of a device name.
+    """
+
+    name = "s390x"
+    device_type = "cpu"
+    priority = 10
+    api_version = 1
+    # vLLM's s390x backend runs float32 only
+    supported_dtypes = ("float32",)
+    env_vars = cpu_env_vars()
+    distributed_backend = "gloo"
+    #: byte order of host memory; weight files are little-endian
+    host_byte_order = "big"
+
+    def _probe(self) -> tuple[str | None, dict[str, Any]]:
+        return probe(_platform.machine(), read_text("/proc/cpuinfo"))
+
+    def is_available(self) -> bool:
+        return self._probe()[0] is None
+
+    def unavailable_reason(self) -> str | None:
+        return self._probe()[0]
+
+    def device_info(self) -> dict[str, Any]:
+        info = self._probe()[1]
+        return {
+            "name": info.pop("machine") or _platform.machine(),
+            "count": os.cpu_count(),
+            "isa": info,
+            "byte_order": self.host_byte_order,
+        }
+
+    def check_config(self, config: Any) -> dict[str, Any]:
+        dtype = getattr(config, "dtype", "auto")
+        if dtype not in ("auto", "float32"):
+            raise ValueError(f"s390x runs float32 only, got dtype={dtype!r}; use --dtype float32 or auto")
+        return {}
+
+    def init_device(self, config: Any) -> None:
+        bind_threads(self.env, config)
+
+    def make_memory_profiler(self):
+        return CpuMemoryProfiler(self)
+
+    def get_extension(self, name: str) -> Any | None:
+        """``"byte_order"``: ``"big"``, the order the weight loader must convert to."""
+        return self.host_byte_order if name == "byte_order" else None
