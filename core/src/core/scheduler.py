@@ -162,7 +162,8 @@ class Scheduler:
         :param sampled: seq_id -> token for every scheduled sequence with
             ``needs_sample``; entries for other sequences are ignored.
         :returns: the sequences that received a token. Those that reached
-            ``max_model_len`` or the size of the whole cache are finished here
+            ``max_model_len`` tokens, or that would need more than the whole cache to go on, are
+            finished here
             (``FINISHED_LENGTH``, blocks freed).
         """
         advanced: list[Sequence] = []
@@ -177,7 +178,7 @@ class Scheduler:
                 seq.append_token(sampled[seq.seq_id])
                 advanced.append(seq)
             self.block_manager.cache_blocks(seq)
-            if item.needs_sample and not self.can_ever_fit(seq.num_tokens):
+            if item.needs_sample and self._is_capped(seq):
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)
         return advanced
 
@@ -242,6 +243,10 @@ class Scheduler:
             bisect.insort(self._running, seq, key=_order)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+
+    def _is_capped(self, seq: Sequence) -> bool:
+        """True when ``seq`` may not grow: max_model_len reached, or its next step would need more than the cache."""
+        return seq.num_tokens >= self.max_model_len or not self.block_manager.can_ever_fit(seq.num_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks and requeue it to recompute prompt + output later."""
