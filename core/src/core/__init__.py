@@ -1,3 +1,26 @@
-"""core: a device-neutral LLM inference and serving engine with pluggable backends."""
+"""core: a device-neutral LLM inference and serving engine with pluggable backends.
+
+``from core import LLM, SamplingParams`` is the offline API; ``core serve`` the server.
+"""
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+if TYPE_CHECKING:
+    from core.llm import LLM
+    from core.sampling_params import SamplingParams
+
+
+def __getattr__(name: str):
+    # lazy: `core devices` must not pay for importing torch and transformers
+    if name == "LLM":
+        from core.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from core.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'core' has no attribute {name!r}")

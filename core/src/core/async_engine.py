@@ -1,0 +1,157 @@
+"""The engine in its own thread, driven from asyncio: add a request, stream it, abort it.
+
+The engine thread is the only one that touches the engine; the event loop only moves
+requests in and outputs out (DESIGN.md §6), so the HTTP front end stays responsive while
+the engine is saturated. Commands travel on a queue; outputs come back through
+``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from core.engine import LLMEngine
+from core.outputs import RequestOutput
+from core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
+
+
+class AsyncEngine:
+    """Wraps an :class:`LLMEngine` with a stepping thread and an asyncio interface."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._stats: dict[str, Any] = engine.stats()
+        self.step_hooks: list[Callable[[list[RequestOutput]], None]] = []  # run in the engine thread
+        self._thread = threading.Thread(target=self._run, name="core-engine", daemon=True)
+        self._thread.start()
+
+    # -- asyncio side --------------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the engine's counters, taken after its last step."""
+        return dict(self._stats)
+
+    def _call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def command() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, not raised in the engine thread
+                future.set_exception(exc)
+
+        self._commands.put(command)
+        self._wake.set()
+        return future
+
+    async def generate(
+        self,
+        request_id: str,
+        params: SamplingParams,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its (cumulative) outputs until it finishes.
+
+        Raises ValueError before the first output when the engine rejects the request.
+        Closing the iterator early (a client that went away) aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, outputs)
+        finished = False
+        try:
+            await asyncio.wrap_future(
+                self._call(lambda: self.engine.add_request(request_id, prompt, params, prompt_token_ids, priority=priority))
+            )
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self.is_running:
+                self._call(lambda: self.engine.abort_request(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when it is unknown or done)."""
+        await asyncio.wrap_future(self._call(lambda: self.engine.abort_request(request_id)))
+
+    async def run_in_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` in the engine thread between steps and return its result."""
+        return await asyncio.wrap_future(self._call(lambda: fn(self.engine)))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort what is in flight and stop the engine thread."""
+        if not self._thread.is_alive():
+            return
+
+        def abort_all() -> None:
+            for request_id in list(self.engine.requests):
+                self._deliver(self.engine.abort_request(request_id))
+            self._stop.set()
+
+        self._commands.put(abort_all)
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # -- engine thread ---------------------------------------------------------------------
+    def _deliver(self, out: RequestOutput | BaseException | None, request_id: str | None = None) -> None:
+        if out is None:
+            return
+        stream = self._streams.get(request_id or out.request_id)
+        if stream is not None:
+            loop, outputs = stream
+            loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            while True:
+                try:
+                    self._commands.get_nowait()()
+                except queue.Empty:
+                    break
+            if self._stop.is_set():
+                break
+            if not self.engine.has_unfinished_requests():
+                self._stats = self.engine.stats()
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # fail the requests in flight, keep serving the next ones
+                logger.exception("engine step failed; aborting the requests in flight")
+                for request_id in list(self.engine.requests):
+                    self.engine.abort_request(request_id)
+                    self._deliver(RuntimeError(f"engine step failed: {exc}"), request_id)
+                continue
+            for out in outputs:
+                self._deliver(out)
+            self._stats = self.engine.stats()
+            for hook in self.step_hooks:
+                hook(outputs)

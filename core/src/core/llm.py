@@ -1,0 +1,110 @@
+"""The offline API, vLLM's way: ``LLM(...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from plugins import Platform
+from tqdm.auto import tqdm
+
+from core.config import EngineConfig
+from core.engine import LLMEngine
+from core.outputs import RequestOutput
+from core.sampling_params import SamplingParams
+
+
+class LLM:
+    """An engine for offline batch generation.
+
+    :param model: HF model directory, ``.gguf`` file or hub id; None = the default model.
+    :param device: ``"auto"``, a plugin name, or a :class:`plugins.Platform` (class or instance).
+    :param skip_tokenizer_init: run without a tokenizer (prompts as token ids only).
+    :param engine_kwargs: any :class:`core.config.EngineConfig` field (``dtype``,
+        ``max_model_len``, ``max_num_seqs``, ``block_size``, ``enable_prefix_caching``,
+        ``kv_cache_bytes``, ``quantization``, ``seed``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str | Platform | type[Platform] = "auto",
+        skip_tokenizer_init: bool = False,
+        **engine_kwargs: Any,
+    ) -> None:
+        config = EngineConfig(model=model, device=device if isinstance(device, str) else "auto", **engine_kwargs)
+        self.engine = LLMEngine(config, platform=device, skip_tokenizer_init=skip_tokenizer_init)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Seq[str] | None = None,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        prompt_token_ids: Seq[Seq[int]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate completions for every prompt (text or token ids); outputs in input order."""
+        if prompts is not None and prompt_token_ids is not None:
+            raise ValueError("pass prompts or prompt_token_ids, not both")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        items: list[tuple[str | None, list[int] | None]]
+        if prompt_token_ids is not None:
+            items = [(None, list(ids)) for ids in prompt_token_ids]
+        elif prompts is not None:
+            items = [(p, None) for p in prompts]
+        else:
+            raise ValueError("generate() needs prompts or prompt_token_ids")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(items):
+                raise ValueError(f"got {len(params_list)} sampling params for {len(items)} prompts")
+        order = []
+        for (text, ids), params in zip(items, params_list):
+            request_id = str(next(self._ids))
+            self.engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids)
+            order.append(request_id)
+        return self._run(order, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, with the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            self.engine.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+            for conv in conversations
+        ]
+        return self.generate(prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm, unit="req")
+        generated = 0
+        start = bar.format_dict["elapsed"]
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+                    generated += sum(len(c.token_ids) for c in out.outputs)
+                    bar.update(1)
+                    elapsed = bar.format_dict["elapsed"] - start
+                    if elapsed > 0:
+                        bar.set_postfix_str(f"output {generated / elapsed:.1f} tok/s")
+        bar.close()
+        return [finished[request_id] for request_id in order]
+
+    def shutdown(self) -> None:
+        """Release the engine's KV cache and model."""
+        self.engine = None  # type: ignore[assignment]

@@ -1,0 +1,133 @@
+"""Turns a scheduled batch into model inputs, runs it on the platform, returns logits.
+
+The runner owns the KV cache tensors (one ``(k, v)`` pair per layer, laid out as
+:mod:`plugins.attention` describes) and the only calls into the platform's runner.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from plugins import Platform
+from plugins.attention import AttentionMetadata
+from plugins.memory import KVCachePlan
+from plugins.runner import ModelInputs
+
+from core.config import EngineConfig
+from core.loader import LoadedModel
+from core.scheduler import ScheduledSeq
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepLogits:
+    """Logits of one step: a row per sequence that samples, and prompt-position rows for
+    sequences that asked for prompt logprobs (keyed by seq_id, with the chunk's first position)."""
+
+    sample_logits: torch.Tensor  # float32 [num_sampling_seqs, vocab]
+    sample_seq_ids: list[int]
+    prompt_logits: dict[int, tuple[int, torch.Tensor]]
+
+
+class ModelRunner:
+    """Runs the model of ``loaded`` on ``platform`` for batches chosen by the scheduler."""
+
+    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfig, dtype: torch.dtype) -> None:
+        self.platform = platform
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = config
+        self.dtype = dtype
+        self.device = platform.torch_device()
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # -- KV cache ---------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block across all layers, K and V."""
+        per_layer = self.config.block_size * self.loaded.num_kv_heads * self.loaded.head_size
+        return 2 * self.loaded.num_layers * per_layer * torch.finfo(self.dtype).bits // 8
+
+    def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, self.config.block_size, self.loaded.num_kv_heads, self.loaded.head_size)
+        return [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.loaded.num_layers)
+        ]
+
+    def profile_run(self) -> None:
+        """One forward pass at the largest batch the scheduler may build (for the memory profiler)."""
+        num_tokens = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * self.config.max_model_len)
+        seq_len = min(num_tokens, self.config.max_model_len)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        blocks_per_seq = [-(-n // self.config.block_size) for n in lens]
+        caches = self._allocate(sum(blocks_per_seq))
+        tables, start = [], 0
+        for n in blocks_per_seq:
+            tables.append(list(range(start, start + n)))
+            start += n
+        meta = AttentionMetadata.build(lens, lens, tables, self.config.block_size, device=self.device)
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        with torch.inference_mode():
+            hidden = self.platform.runner.execute(self.model, caches, ModelInputs(ids, positions, meta))
+            self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+        self.platform.synchronize()
+
+    def plan_and_allocate_kv_cache(self) -> KVCachePlan:
+        """Profile, ask the platform how many blocks fit, allocate them, prepare the runner."""
+        peak = self.platform.memory.measure_peak(self.profile_run)
+        plan = self.platform.memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
+        logger.info("%s", plan.detail)
+        min_blocks = -(-self.config.max_model_len // self.config.block_size)
+        if plan.num_blocks < min_blocks:
+            raise ValueError(
+                f"the KV cache holds {plan.num_blocks} blocks ({plan.num_blocks * self.config.block_size} tokens) but one "
+                f"sequence of max_model_len={self.config.max_model_len} needs {min_blocks}: give the KV cache more "
+                "memory or lower --max-model-len"
+            )
+        self.kv_caches = self._allocate(plan.num_blocks)
+        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
+        return plan
+
+    # -- one step -----------------------------------------------------------------------
+    def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
+        """Run the forward pass of one scheduled batch and compute the logits it needs."""
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables = [], [], []
+        sample_rows, sample_seq_ids = [], []
+        prompt_rows: dict[int, tuple[int, int, int]] = {}
+        for item in scheduled:
+            seq, n, start = item.seq, item.num_new_tokens, item.start_pos
+            row0 = len(ids)
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            tables.append(seq.block_table)
+            if item.needs_sample:
+                sample_rows.append(row0 + n - 1)
+                sample_seq_ids.append(seq.seq_id)
+            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+                end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
+                prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device=self.device)
+        inputs = ModelInputs(
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            meta,
+        )
+        with torch.inference_mode():
+            hidden = self.platform.runner.execute(self.model, self.kv_caches, inputs)
+            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+            sample_logits = self.model.compute_logits(hidden.index_select(0, rows))
+            prompt_logits = {
+                seq_id: (first_pos, self.model.compute_logits(hidden[lo:hi]))
+                for seq_id, (first_pos, lo, hi) in prompt_rows.items()
+            }
+        return StepLogits(sample_logits, sample_seq_ids, prompt_logits)
