@@ -1,0 +1,130 @@
+"""The cuda platform's kernel set: Triton kernels with the reference's signatures.
+
+Layouts the Triton kernels do not take (a strided last dimension, K and V caches
+with different strides, a cos/sin cache of another width) fall back to the torch
+reference, so every input the reference accepts stays correct.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plugins.attention import AttentionMetadata
+from plugins.kernels import Kernels
+
+BACKENDS = ("triton", "reference")
+
+
+def _unit_last_stride(*tensors: torch.Tensor) -> bool:
+    return all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors)
+
+
+class CudaKernels(Kernels):
+    """Triton paged attention (prefill + split-K decode), norms, rotary, SiLU-and-mul, KV write.
+
+    :param attention_backend: ``"triton"`` or ``"reference"`` (the torch reference).
+    :param ops_backend: the same choice for the other ops.
+    :param decode_split_tokens: fewest context tokens one decode split handles.
+    :param num_sms: multiprocessors to fill (default: the current GPU's; 4 off-GPU).
+    :param block_m: queries per program of the prefill kernel (default 64, 16 off-GPU).
+    :param block_n: keys per tile of both attention kernels (default 64, 16 off-GPU).
+    """
+
+    def __init__(
+        self,
+        attention_backend: str = "triton",
+        ops_backend: str = "triton",
+        decode_split_tokens: int = 256,
+        num_sms: int | None = None,
+        block_m: int | None = None,
+        block_n: int | None = None,
+    ) -> None:
+        for label, value in (("attention_backend", attention_backend), ("ops_backend", ops_backend)):
+            if value not in BACKENDS:
+                raise ValueError(f"{label} must be one of {', '.join(BACKENDS)}; got {value!r}")
+        on_gpu = torch.cuda.is_available()
+        self.attention_backend = attention_backend
+        self.ops_backend = ops_backend
+        self.decode_split_tokens = decode_split_tokens
+        self.num_sms = num_sms or (torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4)
+        self.block_m = block_m or (64 if on_gpu else 16)
+        self.block_n = block_n or (64 if on_gpu else 16)
+        if decode_split_tokens % self.block_n:
+            raise ValueError(f"decode_split_tokens={decode_split_tokens} must be a multiple of block_n={self.block_n}")
+
+    @property
+    def is_graph_safe(self) -> bool:
+        """Whether every op reads lengths from device tensors only (CUDA graphs can replay it).
+
+        The reference attention plans on the host lists, which a graph would freeze.
+        """
+        return self.attention_backend == "triton"
+
+    def _triton_ops(self, *tensors: torch.Tensor) -> bool:
+        return self.ops_backend == "triton" and _unit_last_stride(*tensors)
+
+    def rms_norm(self, x, weight, eps):
+        if not self._triton_ops(x, weight) or x.dim() == 0:
+            return super().rms_norm(x, weight, eps)
+        from plugin_cuda import ops
+
+        return ops.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+    def fused_add_rms_norm(self, x, residual, weight, eps):
+        if not self._triton_ops(x, residual, weight) or x.shape != residual.shape or x.dim() == 0:
+            return super().fused_add_rms_norm(x, residual, weight, eps)
+        from plugin_cuda import ops
+
+        width = x.shape[-1]
+        out, summed = ops.rms_norm(x.reshape(-1, width), weight, eps, residual=residual.reshape(-1, width))
+        return out.view(x.shape), summed.view(x.shape)
+
+    def rotary_embedding(self, positions, q, k, cos_sin_cache):
+        head_size = q.shape[-1]
+        if (
+            not self._triton_ops(q, k, cos_sin_cache)
+            or head_size % 2
+            or k.shape[-1] != head_size
+            or cos_sin_cache.shape[-1] != head_size
+        ):
+            return super().rotary_embedding(positions, q, k, cos_sin_cache)
+        from plugin_cuda import ops
+
+        return ops.rotary_embedding(positions, q, k, cos_sin_cache)
+
+    def silu_and_mul(self, x):
+        if not self._triton_ops(x) or x.shape[-1] % 2 or x.dim() == 0:
+            return super().silu_and_mul(x)
+        from plugin_cuda import ops
+
+        out = ops.silu_and_mul(x.reshape(-1, x.shape[-1]))
+        return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+    def write_kv_cache(self, k, v, k_cache, v_cache, slot_mapping):
+        if not self._triton_ops(k, v, k_cache, v_cache) or k_cache.stride() != v_cache.stride():
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        from plugin_cuda import ops
+
+        ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale):
+        """Triton attention: the split-K decode path when every query length is 1, else prefill.
+
+        Grids depend only on host sizes (``num_seqs``, ``max_query_len``,
+        ``max_seq_len``); lengths and block tables are read on the device.
+        """
+        if (
+            self.attention_backend != "triton"
+            or not _unit_last_stride(q, k_cache, v_cache)
+            or k_cache.stride() != v_cache.stride()
+        ):
+            return super().paged_attention(q, k_cache, v_cache, meta, scale)
+        from plugin_cuda import attention
+        from plugin_cuda.splits import plan_decode_splits
+
+        if meta.num_seqs and meta.is_decode_only:
+            splits = plan_decode_splits(
+                meta.num_seqs, k_cache.shape[2], meta.max_seq_len, self.num_sms, self.decode_split_tokens, self.block_n
+            )
+            return attention.decode_attention(q, k_cache, v_cache, meta, scale, splits, self.block_n)
+        return attention.prefill_attention(q, k_cache, v_cache, meta, scale, self.block_m, self.block_n)

@@ -1,0 +1,72 @@
+"""The environment variables of the cuda platform and their parsers.
+
+Read as ``CORE_<NAME>`` (or ``VLLM_<NAME>``) through :class:`plugins.EnvVar`.
+"""
+
+from __future__ import annotations
+
+from plugins import EnvVar
+from plugins.env import parse_int_list
+
+
+def parse_graph_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> ``(1, 2, 4, 8)``; sizes must be positive."""
+    sizes = parse_int_list(text)
+    bad = [s for s in sizes if s <= 0]
+    if bad:
+        raise ValueError(f"batch sizes must be positive, got {bad}")
+    return tuple(sorted(set(sizes)))
+
+
+def parse_utilization(text: str) -> float:
+    """A fraction of GPU memory in ``(0, 1]``."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"expected a fraction in (0, 1], got {value}")
+    return value
+
+
+def parse_split_tokens(text: str) -> int:
+    """Tokens per split of split-K decode attention: a positive multiple of 16."""
+    value = int(text)
+    if value <= 0 or value % 16:
+        raise ValueError(f"expected a positive multiple of 16, got {value}")
+    return value
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "CUDA_GRAPH_SIZES",
+        parse_graph_sizes,
+        None,
+        "decode batch sizes to capture CUDA graphs for, e.g. 1,2,4,8 "
+        "(default: 1,2,4,8,16,24,... up to max_num_seqs)",
+    ),
+    EnvVar(
+        "GPU_MEMORY_UTILIZATION",
+        parse_utilization,
+        0.9,
+        "fraction of GPU memory the engine may use (weights, activations, CUDA graphs and "
+        "KV cache); the engine's gpu_memory_utilization setting wins when given",
+    ),
+    EnvVar(
+        "CUDA_ATTENTION_BACKEND",
+        str,
+        "triton",
+        "paged attention implementation: triton kernels or the torch reference (no CUDA graphs)",
+        choices=("triton", "reference"),
+    ),
+    EnvVar(
+        "CUDA_KERNELS",
+        str,
+        "triton",
+        "norm / rotary / activation / KV-write implementation: triton kernels or the torch reference",
+        choices=("triton", "reference"),
+    ),
+    EnvVar(
+        "CUDA_DECODE_SPLIT_TOKENS",
+        parse_split_tokens,
+        256,
+        "smallest number of context tokens one split of split-K decode attention handles",
+    ),
+)
