@@ -199,3 +199,17 @@ def test_leak_check_detects_a_held_block():
 def test_bad_sizes_are_rejected(num_blocks, block_size):
     with pytest.raises(ValueError, match="must be >= 1"):
         BlockManager(num_blocks, block_size)
+
+
+def test_skip_prefix_cache_reads_nothing_but_still_caches():
+    bm = BlockManager(num_blocks=8, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5])
+    a.skip_prefix_cache = True
+    compute_all(bm, a)
+    bm.free(a)
+    assert bm.num_cached_blocks == 2 and bm.prefix_cache_queries == 0
+    b = make_seq([1, 2, 3, 4, 5])
+    b.skip_prefix_cache = True
+    assert bm.match_prefix(b) == 0
+    assert bm.match_prefix(make_seq([1, 2, 3, 4, 5])) == 4
+    bm.check_no_leaks()

@@ -97,7 +97,8 @@ class BlockManager:
         """Tokens at the start of ``seq`` held by the prefix cache (a whole number of blocks).
 
         At least one token is always left to compute, so that the step yields logits.
-        Returns 0 when caching is off or ``seq`` already has blocks. Changes nothing.
+        Returns 0 when caching is off, ``seq.skip_prefix_cache`` is set or ``seq`` already
+        has blocks. Changes nothing.
         """
         return len(self._match_blocks(seq)) * self.block_size
 
@@ -126,7 +127,7 @@ class BlockManager:
             )
         if not seq.block_table:
             hits = self._match_blocks(seq)
-            if self.enable_prefix_caching:
+            if self.enable_prefix_caching and not seq.skip_prefix_cache:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hits += len(hits) * self.block_size
             for block_id in hits:
@@ -189,7 +190,7 @@ class BlockManager:
 
     def _match_blocks(self, seq: Sequence) -> list[int]:
         """Cached block ids of ``seq``'s longest cached prefix (see ``match_prefix``)."""
-        if not self.enable_prefix_caching or seq.block_table:
+        if not self.enable_prefix_caching or seq.skip_prefix_cache or seq.block_table:
             return []
         hits: list[int] = []
         for index in range((seq.num_tokens - 1) // self.block_size):

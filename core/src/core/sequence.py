@@ -45,6 +45,9 @@ class Sequence:
     :param params: the request's sampling parameters (opaque to the scheduler).
     :param arrival_time: when the request arrived (seconds); orders equal priorities.
     :param priority: lower values are scheduled first.
+    :param skip_prefix_cache: never read the prefix cache (its own blocks are still
+        cached for others); for requests that need every prompt position computed,
+        such as prompt logprobs.
     """
 
     seq_id: int
@@ -53,6 +56,7 @@ class Sequence:
     params: Any
     arrival_time: float
     priority: int = 0
+    skip_prefix_cache: bool = False
     token_ids: list[int] = field(init=False)  # prompt + output
     output_token_ids: list[int] = field(init=False, default_factory=list)
     num_computed_tokens: int = field(init=False, default=0)  # tokens whose KV is in the cache
