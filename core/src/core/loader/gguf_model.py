@@ -1,0 +1,166 @@
+"""Everything a GGUF file holds, in the engine's terms: HF config, named weights, tokenizer."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from plugins.kernels import GGUFWeight
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
+
+from core.loader.cache import cache_root, file_key
+from core.loader.gguf_index import GGUFIndex
+
+logger = logging.getLogger(__name__)
+
+# GGUF architecture -> (HF config class, HF architecture name)
+_ARCHITECTURES = {
+    "llama": (LlamaConfig, "LlamaForCausalLM"),
+    "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+}
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# parts that the model fuses into one linear: they must share a quantization type
+_FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def gguf_config(index: GGUFIndex) -> Any:
+    """Build the transformers config (``LlamaConfig``, ``Qwen2Config``) from GGUF metadata."""
+    meta = index.metadata
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(_ARCHITECTURES))}")
+    config_class, hf_arch = _ARCHITECTURES[arch]
+    if "rope_freqs.weight" in index.tensors:
+        raise ValueError("GGUF files with a rope_freqs tensor (Llama 3.1 rope scaling) are not supported yet")
+    num_heads = meta[f"{arch}.attention.head_count"]
+    hidden = meta[f"{arch}.embedding_length"]
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    elif scaling_type != "none":
+        raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported; supported: none, linear")
+    return config_class(
+        vocab_size=index.tensors["token_embd.weight"].shape[0],
+        hidden_size=hidden,
+        intermediate_size=meta[f"{arch}.feed_forward_length"],
+        num_hidden_layers=meta[f"{arch}.block_count"],
+        num_attention_heads=num_heads,
+        num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", num_heads),
+        head_dim=meta.get(f"{arch}.rope.dimension_count", hidden // num_heads),
+        max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings="output.weight" not in index.tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        architectures=[hf_arch],
+    )
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _unpermute_rows(rows: int, num_heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (interleaved rope -> rotate-half)."""
+    head_size = rows // num_heads
+    return torch.arange(rows).reshape(num_heads, head_size // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def _keep_quantized(index: GGUFIndex, name: str) -> bool:
+    """A quantized linear weight stays quantized unless a fused partner has another qtype."""
+    if not index.tensors[name].is_quantized or name == "token_embd.weight":
+        return False  # the embedding is a lookup table: dequantized
+    if name.startswith("blk."):
+        _, layer, kind, _ = name.split(".")
+        for group in _FUSED_GROUPS:
+            if kind in group:
+                return len({index.tensors[f"blk.{layer}.{k}.weight"].qtype for k in group}) == 1
+    return True
+
+
+def gguf_weights(
+    index: GGUFIndex, config: Any, keep_gguf: bool, dtype: torch.dtype, device: torch.device
+) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+    """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``.
+
+    Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
+    """
+    unpermute = index.metadata.get("general.architecture") == "llama"
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    for name in tqdm(index.tensors, desc="Loading GGUF weights", unit="tensor"):
+        hf_name = _hf_name(name)
+        if hf_name is None:
+            raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
+        info = index.tensors[name]
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        order = _unpermute_rows(info.shape[0], heads[kind]) if unpermute and kind in heads else None
+        if keep_gguf and _keep_quantized(index, name):
+            data = index.raw(name)
+            data = data[order] if order is not None else data
+            yield hf_name, GGUFWeight(info.qtype, data.to(device), rows=info.shape[0], cols=info.shape[-1])
+        else:
+            values = index.dequantized(name)
+            values = values[order] if order is not None else values
+            yield hf_name, values.to(device=device, dtype=dtype)
+        if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
+            # the tied output projection is the largest matmul: keep it in its quantized form
+            yield "lm_head.weight", GGUFWeight(info.qtype, index.raw(name).to(device), *info.shape)
+
+
+def gguf_tokenizer(path: Path, chat_template: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer transformers builds from the GGUF vocabulary, cached after the first build."""
+    cached = cache_root() / "tokenizers" / file_key(path)
+    if (cached / "tokenizer_config.json").exists():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+        except (OSError, ValueError) as err:
+            logger.warning("ignoring unreadable cached tokenizer %s: %s", cached, err)
+        else:
+            return _with_template(tokenizer, chat_template)
+    logger.info("converting the GGUF tokenizer of %s (once; cached in %s)", path.name, cached)
+    tokenizer = _with_template(AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name), chat_template)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        tokenizer.save_pretrained(tmp)
+        if cached.exists():
+            shutil.rmtree(cached)
+        tmp.rename(cached)
+    except OSError as err:  # a read-only cache only costs speed
+        logger.warning("could not cache the converted tokenizer at %s: %s", cached, err)
+    return tokenizer
+
+
+def _with_template(tokenizer: PreTrainedTokenizerBase, chat_template: str | None) -> PreTrainedTokenizerBase:
+    if chat_template and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template
+    return tokenizer

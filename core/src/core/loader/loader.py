@@ -1,0 +1,138 @@
+"""``load_model``: from a model argument to a ready model, tokenizer and limits."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from plugins.kernels import Kernels
+from transformers import PreTrainedTokenizerBase
+
+from core.loader.gguf_index import GGUFIndex
+from core.loader.gguf_model import gguf_config, gguf_tokenizer, gguf_weights
+from core.loader.hf_dir import hf_config, hf_generation_config, hf_tokenizer, hf_weights, weight_files
+from core.loader.source import DEFAULT_MODEL_NAME, resolve_model
+from core.models import build_model, get_model_class
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A model with weights in place, plus what the engine needs to know about it."""
+
+    model: torch.nn.Module
+    hf_config: Any
+    tokenizer: PreTrainedTokenizerBase
+    eos_token_ids: list[int]
+    generation_config: dict[str, Any]
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    max_model_len: int
+    weights_bytes: int
+    load_seconds: float = field(default=0.0, compare=False)
+
+
+def load_model(
+    model: str | None,
+    *,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
+) -> LoadedModel:
+    """Load a HF directory, a ``.gguf`` file, a hub id, or (``None``) the default model.
+
+    :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
+        kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
+    :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
+        :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
+    """
+    start = time.perf_counter()
+    device = torch.device(device)
+    path = resolve_model(model)
+    if path.is_file() and path.suffix == ".gguf":
+        loaded = _load_gguf(path, kernels, dtype, device, quantization)
+    elif path.is_dir():
+        loaded = _load_hf_dir(path, kernels, dtype, device, quantization)
+    else:
+        raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a Hugging Face model directory")
+    loaded.name = model if model is not None else DEFAULT_MODEL_NAME
+    loaded.load_seconds = time.perf_counter() - start
+    logger.info(
+        "loaded %s (%s, %.1f MB of weights) in %.2f s",
+        loaded.name,
+        type(loaded.model).__name__,
+        loaded.weights_bytes / 2**20,
+        loaded.load_seconds,
+    )
+    return loaded
+
+
+def _load_hf_dir(
+    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None
+) -> LoadedModel:
+    if quantization == "gguf":
+        raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
+    config = hf_config(path)
+    get_model_class(getattr(config, "architectures", None))  # fail on the architecture before reading weights
+    tokenizer = hf_tokenizer(path)
+    model = build_model(config, kernels, dtype, device)
+    with torch.no_grad():
+        model.load_weights(hf_weights(weight_files(path), dtype, device), quantization)
+    return _finish(model, config, tokenizer, hf_generation_config(path))
+
+
+def _load_gguf(
+    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None
+) -> LoadedModel:
+    index = GGUFIndex.open(path)
+    config = gguf_config(index)
+    keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
+    if quantization is None and not keep_gguf:
+        logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
+    tokenizer = gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
+    model = build_model(config, kernels, dtype, device)
+    with torch.no_grad():
+        model.load_weights(gguf_weights(index, config, keep_gguf, dtype, device), "gguf" if keep_gguf else quantization)
+    generation = {
+        k: v for k, v in (("bos_token_id", config.bos_token_id), ("eos_token_id", config.eos_token_id)) if v is not None
+    }
+    return _finish(model, config, tokenizer, generation)
+
+
+def _finish(model: Any, config: Any, tokenizer: PreTrainedTokenizerBase, generation: dict[str, Any]) -> LoadedModel:
+    eos: list[int] = []
+    for source in (generation.get("eos_token_id"), getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        for token in source if isinstance(source, list) else [source]:
+            if token is not None and token not in eos:
+                eos.append(int(token))
+    return LoadedModel(
+        model=model,
+        hf_config=config,
+        tokenizer=tokenizer,
+        eos_token_ids=eos,
+        generation_config=generation,
+        name="",
+        num_layers=model.num_layers,
+        num_kv_heads=model.num_kv_heads,
+        head_size=model.head_size,
+        max_model_len=_max_model_len(config),
+        weights_bytes=model.weights_bytes(),
+    )
+
+
+def _max_model_len(config: Any) -> int:
+    """``max_position_embeddings``, capped at the sliding window where one applies (our attention is full)."""
+    limit = config.max_position_embeddings
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and window < limit:
+        logger.info("capping max_model_len at the sliding window %d (was %d)", window, limit)
+        limit = window
+    return limit

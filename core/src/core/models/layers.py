@@ -1,0 +1,166 @@
+"""Shared model layers whose hot ops go through a platform's :class:`plugins.kernels.Kernels`.
+
+Every layer is created empty and receives its weights once at load time; linear
+weights pass through ``kernels.prepare_linear`` so a backend can repack or quantize
+them. Nothing here knows about a device: the kernels object does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from plugins.attention import AttentionMetadata
+from plugins.kernels import GGUFWeight, Kernels
+from torch import nn
+
+
+def concat_rows(parts: list[Any]) -> Any:
+    """Stack weights (or biases) along their output dimension, for fused projections.
+
+    Dense tensors are concatenated; GGUF block-quantized weights of one type and width
+    are fused by concatenating their raw rows (each row is quantized on its own).
+    """
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts, dim=0)
+    if all(isinstance(p, GGUFWeight) for p in parts):
+        qtypes = {p.qtype for p in parts}
+        widths = {p.cols for p in parts}
+        if len(qtypes) == 1 and len(widths) == 1:
+            return GGUFWeight(
+                qtype=parts[0].qtype,
+                data=torch.cat([p.data for p in parts], dim=0),
+                rows=sum(p.rows for p in parts),
+                cols=parts[0].cols,
+            )
+    kinds = [p.qtype if isinstance(p, GGUFWeight) else f"dense {tuple(p.shape)}" for p in parts]
+    raise ValueError(f"cannot fuse weights of different kinds into one linear: {kinds}")
+
+
+def held_bytes(obj: Any, seen: set[int]) -> int:
+    """Bytes of the tensors reachable from ``obj`` (a tensor, a prepared weight, a container).
+
+    ``seen`` holds the storage pointers already counted, so shared (tied) weights count once.
+    """
+    if isinstance(obj, torch.Tensor):
+        ptr = obj.untyped_storage().data_ptr()
+        if ptr in seen:
+            return 0
+        seen.add(ptr)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(held_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(held_bytes(v, seen) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(held_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if hasattr(obj, "__dict__") and not isinstance(obj, nn.Module):
+        return sum(held_bytes(v, seen) for v in vars(obj).values())
+    return 0
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T + b`` through ``kernels.linear`` on a weight from ``kernels.prepare_linear``."""
+
+    def __init__(self, kernels: Kernels, in_features: int, out_features: int, has_bias: bool) -> None:
+        super().__init__()
+        self.kernels = kernels
+        self.in_features = in_features
+        self.out_features = out_features
+        self.has_bias = has_bias
+        self.weight: Any = None
+        self.bias: torch.Tensor | None = None
+
+    def load(self, weight: torch.Tensor | GGUFWeight, bias: torch.Tensor | None, quantization: str | None) -> None:
+        """Check the shape of ``weight`` and hand it to the kernels once."""
+        rows, cols = (weight.rows, weight.cols) if isinstance(weight, GGUFWeight) else tuple(weight.shape)
+        if (rows, cols) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"linear weight has shape [{rows}, {cols}], expected [{self.out_features}, {self.in_features}]"
+            )
+        if self.has_bias != (bias is not None):
+            raise ValueError(f"linear bias {'missing' if self.has_bias else 'unexpected'} for [{rows}, {cols}] weight")
+        self.weight = self.kernels.prepare_linear(weight, quantization)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm via ``kernels.rms_norm``; with a residual, the fused add-and-norm kernel."""
+
+    def __init__(self, kernels: Kernels, eps: float) -> None:
+        super().__init__()
+        self.kernels = kernels
+        self.eps = eps
+        self.weight: torch.Tensor | None = None
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Self-attention over the paged KV cache with a fused QKV projection and rotary embedding."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        qkv_bias: bool,
+        o_bias: bool,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}")
+        self.kernels = kernels
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.q_size = num_heads * head_size
+        self.kv_size = num_kv_heads * head_size
+        self.scale = head_size**-0.5
+        self.qkv_proj = Linear(kernels, hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = Linear(kernels, self.q_size, hidden_size, o_bias)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # contiguous head-major tensors: native kernels index them by raw strides
+        q = q.reshape(num_tokens, self.num_heads, self.head_size).contiguous()
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
+        q, k = self.kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+        k_cache, v_cache = kv_cache
+        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one linear."""
+
+    def __init__(self, kernels: Kernels, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        self.kernels = kernels
+        self.gate_up_proj = Linear(kernels, hidden_size, 2 * intermediate_size, bias)
+        self.down_proj = Linear(kernels, intermediate_size, hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))

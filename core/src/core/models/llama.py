@@ -1,0 +1,202 @@
+"""Llama-family decoder (Llama 2/3, SmolLM, TinyLlama); Qwen2 and Mistral reuse it with flags.
+
+Weights arrive as ``(name, tensor)`` pairs under Hugging Face names
+(``model.layers.0.self_attn.q_proj.weight``); q/k/v and gate/up are fused into one
+linear each as their parts arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from plugins.attention import AttentionMetadata
+from plugins.kernels import GGUFWeight, Kernels
+from torch import nn
+
+from core.models.layers import Attention, GatedMLP, Linear, RMSNorm, concat_rows, held_bytes
+from core.models.rope import build_cos_sin_cache
+
+logger = logging.getLogger(__name__)
+
+# HF projection name -> (our fused linear, index of the part, number of parts)
+_FUSED_PARTS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0, 3),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1, 3),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0, 2),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1, 2),
+}
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention + gated MLP, with the residual add fused into the norms."""
+
+    def __init__(self, config: Any, kernels: Kernels, head_size: int, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(kernels, eps)
+        self.self_attn = Attention(
+            kernels,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_size,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(kernels, eps)
+        self.mlp = GatedMLP(kernels, config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta, cos_sin_cache)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-architecture causal LM running on a platform's kernels.
+
+    Call ``model(input_ids, positions, kv_caches, attn_metadata)`` for the final hidden
+    states of a flattened batch, then :meth:`compute_logits` on the rows to sample.
+    """
+
+    def __init__(self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.kernels = kernels
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        qkv_bias, o_bias = self.attention_biases(config)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, kernels, self.head_size, qkv_bias, o_bias) for _ in range(self.num_layers)
+        )
+        self.norm = RMSNorm(kernels, config.rms_norm_eps)
+        self.lm_head = Linear(kernels, config.hidden_size, config.vocab_size, has_bias=False)
+        self.embed_tokens: torch.Tensor | None = None
+        self.cos_sin_cache = build_cos_sin_cache(
+            config, self.head_size, config.max_position_embeddings, dtype, self.device
+        )
+
+    @staticmethod
+    def attention_biases(config: Any) -> tuple[bool, bool]:
+        """Whether the qkv and the output projections carry a bias."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata, self.cos_sin_cache)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""
+        return self.lm_head(hidden).float()
+
+    def weights_bytes(self) -> int:
+        """Bytes of every weight as held (prepared linears included, tied weights once)."""
+        seen: set[int] = set()
+        total = held_bytes(self.embed_tokens, seen)
+        for module in self.modules():
+            if isinstance(module, (Linear, RMSNorm)):
+                total += held_bytes(module.weight, seen)
+            if isinstance(module, Linear):
+                total += held_bytes(module.bias, seen)
+        return total
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor | GGUFWeight]], quantization: str | None = None
+    ) -> None:
+        """Take every weight under its Hugging Face name; fuse q/k/v and gate/up as they arrive.
+
+        Dense tensors must already be in the compute dtype on the model's device.
+        ``quantization`` is passed to ``kernels.prepare_linear`` for every linear weight
+        (``"gguf"`` for :class:`GGUFWeight` ones).
+        """
+        pending: dict[tuple[str, str], dict[int, Any]] = {}
+        biases: dict[str, torch.Tensor] = {}
+        linears: dict[str, Any] = {}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if _IGNORED.match(name):
+                continue
+            if name == "model.embed_tokens.weight":
+                self.embed_tokens = tensor
+            elif name == "model.norm.weight":
+                self.norm.weight = tensor
+            elif name == "lm_head.weight":
+                linears["lm_head"] = tensor
+            elif match := _LAYER_NAME.fullmatch(name):
+                index, module, kind = int(match[1]), match[2], match[3]
+                if index >= self.num_layers:
+                    raise ValueError(f"weight {name!r} is for layer {index}, the model has {self.num_layers}")
+                prefix = f"layers.{index}."
+                if module in _FUSED_PARTS:
+                    fused, part, num_parts = _FUSED_PARTS[module]
+                    parts = pending.setdefault((prefix + fused, kind), {})
+                    parts[part] = tensor
+                    if len(parts) < num_parts:
+                        continue
+                    tensor = concat_rows([parts[i] for i in range(num_parts)])
+                    del pending[(prefix + fused, kind)]
+                    module = fused
+                target = prefix + module
+                if module.endswith("layernorm"):
+                    self.get_submodule(target).weight = tensor
+                elif kind == "bias":
+                    biases[target] = tensor
+                else:
+                    linears[target] = tensor
+            else:
+                raise ValueError(f"unexpected weight {name!r} for {type(self).__name__}")
+            loaded.add(name)
+        if pending:
+            raise ValueError(f"incomplete fused weights (missing parts): {sorted(k for k, _ in pending)}")
+        if "lm_head" not in linears:
+            if not getattr(self.config, "tie_word_embeddings", False):
+                raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+            linears["lm_head"] = self.embed_tokens
+        for target, weight in linears.items():
+            self.get_submodule(target).load(weight, biases.pop(target, None), quantization)
+        if biases:
+            raise ValueError(f"biases without a weight: {sorted(biases)}")
+        self._check_complete()
+
+    def _check_complete(self) -> None:
+        missing = [n for n, m in self.named_modules() if isinstance(m, (Linear, RMSNorm)) and m.weight is None]
+        if self.embed_tokens is None:
+            missing.insert(0, "embed_tokens")
+        if missing:
+            raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")

@@ -1,0 +1,41 @@
+"""Which model class runs which Hugging Face architecture name."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from plugins.kernels import Kernels
+
+from core.models.llama import LlamaForCausalLM
+from core.models.mistral import MistralForCausalLM
+from core.models.qwen2 import Qwen2ForCausalLM
+
+MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM]] = MappingProxyType(
+    {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": MistralForCausalLM,
+        "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    }
+)
+
+
+def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
+    """The class for the first supported name in a config's ``architectures``.
+
+    :raises ValueError: naming the architectures asked for and listing the supported ones.
+    """
+    for name in architectures or []:
+        if name in MODEL_REGISTRY:
+            return MODEL_REGISTRY[name]
+    raise ValueError(
+        f"unsupported model architecture {architectures!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
+    )
+
+
+def build_model(config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """An empty (weightless) model for ``config``; fill it with ``model.load_weights(...)``."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"unsupported model dtype {dtype}; supported: float32, bfloat16, float16")
+    return get_model_class(getattr(config, "architectures", None))(config, kernels, dtype, device)

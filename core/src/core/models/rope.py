@@ -1,0 +1,57 @@
+"""The rotary-embedding cos/sin table, computed once per model exactly as transformers does.
+
+Scaled variants (``linear``, ``llama3``, ``yarn``, ...) come from transformers'
+``ROPE_INIT_FUNCTIONS`` so that their inverse frequencies match Hugging Face bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_settings(config: Any) -> tuple[str, float]:
+    """(rope type, base theta) from a config of transformers 5 (``rope_parameters``) or 4 (``rope_scaling``)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return rope_type, float(theta)
+
+
+def build_cos_sin_cache(
+    config: Any,
+    head_size: int,
+    max_position: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    freq_factors: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return ``[max_position, head_size]``: cos in the first half of each row, sin in the second.
+
+    :param freq_factors: optional per-frequency divisors of the inverse frequencies
+        (llama.cpp's ``rope_freqs`` tensor, which encodes Llama 3 scaling in GGUF files).
+    """
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(
+            f"partial rotary embeddings are not supported (partial_rotary_factor={config.partial_rotary_factor})"
+        )
+    rope_type, theta = _rope_settings(config)
+    if rope_type == "default":
+        exponents = torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size
+        inv_freq, attention_scaling = 1.0 / (theta**exponents), 1.0
+    elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    else:
+        supported = ", ".join(["default", *sorted(k for k in ROPE_INIT_FUNCTIONS if k != "dynamic")])
+        raise ValueError(f"rope type {rope_type!r} is not supported; supported: {supported}")
+    inv_freq = inv_freq.float()
+    if inv_freq.shape[0] != head_size // 2:
+        raise ValueError(f"rope has {inv_freq.shape[0]} frequencies, expected head_size/2 = {head_size // 2}")
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.float().cpu()
+    positions = torch.arange(max_position, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * attention_scaling
+    return cache.to(device=device, dtype=dtype)

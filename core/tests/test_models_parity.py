@@ -1,0 +1,123 @@
+"""Our models vs transformers' forward on the same tiny random checkpoints (CPU, reference kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+from core.loader import load_model
+from core.models.standalone import StandaloneRunner
+from plugins.kernels import Kernels
+
+TINY = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,  # large enough that greedy choices are not near-ties
+    bos_token_id=1,
+    eos_token_id=2,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+CONFIGS = {
+    "llama-untied": lambda: LlamaConfig(**TINY, tie_word_embeddings=False),
+    "llama-tied-llama3-rope": lambda: LlamaConfig(**TINY, tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE),
+    "llama-linear-rope-mha": lambda: LlamaConfig(
+        **{**TINY, "num_key_value_heads": 4}, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    ),
+    "qwen2": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
+    "mistral": lambda: MistralConfig(**TINY, sliding_window=None),
+}
+PROMPTS = [[5, 17, 33, 9, 100, 41, 7], [3, 150], [90, 12, 61, 22, 8, 77, 31, 45, 120, 11, 64, 5, 19, 2, 88, 140, 3, 9]]
+
+
+def save_tiny(config, directory, **save_kwargs) -> transformers.PreTrainedModel:
+    """Save a random-weight HF model (and a tokenizer-free copy is enough: we add a tokenizer)."""
+    torch.manual_seed(0)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    hf_model.save_pretrained(directory, **save_kwargs)
+    save_tokenizer(directory, config.vocab_size)
+    return hf_model
+
+
+def save_tokenizer(directory, vocab_size: int) -> None:
+    """A word-level tokenizer over the tiny vocabulary (the loader needs one in the directory)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w1", eos_token="w2", unk_token="w0")
+    fast.save_pretrained(directory)
+
+
+def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([tokens])).logits[0].float()
+
+
+def check_parity(hf_model, loaded, prompts, num_steps=4, block_size=4, atol=1e-4) -> None:
+    """Prefill all prompts in one batch, decode greedily, and compare every step with HF."""
+    runner = StandaloneRunner(loaded.model, len(prompts), max(map(len, prompts)) + num_steps, block_size)
+    tokens, step_logits = runner.greedy(prompts, num_steps)
+    for i, prompt in enumerate(prompts):
+        reference = hf_logits(hf_model, prompt + tokens[i][:-1])[len(prompt) - 1 :]
+        ours = torch.stack([logits[i] for logits in step_logits])
+        torch.testing.assert_close(ours, reference, atol=atol, rtol=0)
+        assert tokens[i] == reference.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_matches_transformers_fp32(name, tmp_path):
+    hf_model = save_tiny(CONFIGS[name](), tmp_path)
+    loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float32, device=torch.device("cpu"))
+    assert type(loaded.model).__name__ == type(hf_model).__name__
+    check_parity(hf_model, loaded, PROMPTS, block_size=4)
+    # the same prompts one at a time, with another block size
+    for prompt in PROMPTS[:2]:
+        check_parity(hf_model, loaded, [prompt], block_size=16)
+
+
+def test_sharded_checkpoint_and_metadata(tmp_path):
+    config = CONFIGS["llama-untied"]()
+    hf_model = save_tiny(config, tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float32, device=torch.device("cpu"))
+    check_parity(hf_model, loaded, PROMPTS[:2], block_size=8)
+    assert loaded.num_layers == 2 and loaded.num_kv_heads == 2 and loaded.head_size == 16
+    assert loaded.max_model_len == 128
+    assert loaded.eos_token_ids == [2]
+    assert loaded.name == str(tmp_path)
+    num_params = sum(p.numel() for p in hf_model.parameters())
+    assert loaded.weights_bytes == num_params * 4
+
+
+def test_tied_weights_counted_once(tmp_path):
+    hf_model = save_tiny(CONFIGS["qwen2"](), tmp_path)
+    loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float32, device=torch.device("cpu"))
+    assert loaded.weights_bytes == sum(p.numel() for p in hf_model.parameters()) * 4  # parameters() dedupes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_close_to_fp32(dtype, tmp_path):
+    hf_model = save_tiny(CONFIGS["llama-tied-llama3-rope"](), tmp_path)
+    loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=dtype, device=torch.device("cpu"))
+    assert loaded.model.embed_tokens.dtype == dtype
+    runner = StandaloneRunner(loaded.model, 1, 32, block_size=8)
+    logits = runner.step([PROMPTS[0]])[0]
+    assert logits.dtype == torch.float32
+    reference = hf_logits(hf_model, PROMPTS[0])[-1]
+    torch.testing.assert_close(logits, reference, atol=0.05 * reference.abs().max().item(), rtol=0)
+    assert logits.argmax().item() == reference.argmax().item()
