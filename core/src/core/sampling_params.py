@@ -58,9 +58,7 @@ class SamplingParams:
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_number("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise ValueError(
-                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
-            )
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -75,9 +73,7 @@ class SamplingParams:
             _check_int("max_tokens", self.max_tokens, low=1)
         _check_int("min_tokens", self.min_tokens, low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
-            )
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -105,11 +101,7 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         """True when any repetition/presence/frequency penalty is active."""
-        return (
-            self.presence_penalty != 0
-            or self.frequency_penalty != 0
-            or self.repetition_penalty != 1
-        )
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def stop_ids_for(self, eos_token_ids: list[int] | tuple[int, ...]) -> list[int]:
         """The token ids that end this request: ``stop_token_ids`` plus EOS unless ignored."""
