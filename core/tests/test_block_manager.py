@@ -142,6 +142,18 @@ def test_lru_eviction_order():
     bm.check_no_leaks()
 
 
+def test_a_freed_sequence_loses_its_tail_before_its_prefix():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5])
+    compute_all(bm, a)
+    bm.free(a)  # two cached blocks, one free
+    other = make_seq([9, 9, 9, 9])
+    bm.allocate(other, 4)  # the free block, then one eviction
+    assert bm.match_prefix(make_seq([1, 2, 3, 4, 5])) == 2
+    bm.free(other)
+    bm.check_no_leaks()
+
+
 def test_blocks_in_use_are_not_evicted_and_hits_count_against_free():
     bm = BlockManager(num_blocks=3, block_size=2)
     a = make_seq([1, 2, 3, 4, 5])

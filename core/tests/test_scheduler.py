@@ -48,6 +48,7 @@ def step(sched: Scheduler):
     assert out.num_batched_tokens <= sched.max_num_batched_tokens
     assert sched.num_running <= sched.max_num_seqs
     assert len({id(s.seq) for s in out.scheduled}) == len(out.scheduled)
+    assert not {id(s) for s in out.preempted} & {id(s.seq) for s in out.scheduled}
     bs = sched.block_manager.block_size
     for s in out.scheduled:
         assert s.num_new_tokens >= 1 and s.start_pos + s.num_new_tokens <= s.seq.num_tokens
@@ -119,17 +120,17 @@ def test_preemption_by_recompute_when_the_cache_runs_out():
 
 
 def test_preempted_sequence_is_readmitted_before_later_arrivals():
-    sched = make_sched(num_blocks=4, block_size=2, max_num_seqs=4)
+    sched = make_sched(num_blocks=4, block_size=2, max_num_seqs=2)
     a, b = make_seq([1, 2, 3], max_tokens=5), make_seq([4, 5, 6], max_tokens=5)
-    sched.add(a)
-    sched.add(b)
+    late = make_seq([7], max_tokens=1)
+    for seq in (a, b, late):
+        sched.add(seq)
     out = step(sched)
     while not out.preempted:
         out = step(sched)
     assert out.preempted == [b] and b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0
-    late = make_seq([7], max_tokens=1)
-    sched.add(late)
-    run_to_end(sched)
+    admitted = [s.seq for o in run_to_end(sched) for s in o.scheduled if s.start_pos == 0]
+    assert admitted.index(b) < admitted.index(late)
     assert b.output_token_ids == reference([4, 5, 6], 5) and late.output_token_ids == reference([7], 1)
 
 
