@@ -7,18 +7,16 @@ token constant, gets sentencepiece's leading-space tokens right (the window carr
 left context) and never splits a multi-byte character: while the window's text ends
 in U+FFFD (an incomplete UTF-8 sequence from byte-level tokens) nothing is emitted.
 
-``StopChecker`` decides when a sequence ends (EOS, stop token ids, stop strings,
-max_tokens) and which text may be streamed: the tail that could still grow into a
-stop string is held back, so a stop string never leaks into a streamed delta.
+``StopChecker`` finds stop strings (also across token boundaries), cuts the text at
+them and says which text may be streamed: the tail that could still grow into a stop
+string is held back, so a stop string never leaks into a streamed delta. EOS, stop
+token ids and max_tokens are the request state's business (token ids, not text).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-from core.outputs import FinishReason
-from core.sampling_params import SamplingParams
 
 # Tokens of prompt context decoded with the first output token (vLLM uses 5 too).
 INITIAL_CONTEXT_TOKENS = 5
@@ -79,99 +77,61 @@ class IncrementalDetokenizer:
 
 
 class StopChecker:
-    """Tracks one sequence's text and decides when it finishes and what may stream.
+    """Finds stop strings in a sequence's growing text and says what may be streamed.
 
-    Feed it every generated token with the detokenizer's delta (``update``). It ends
-    the sequence on EOS (unless ``ignore_eos``), a stop token id, a stop string (also
-    one split across tokens) or ``max_tokens``; none of the first three count before
-    ``min_tokens``. The text of a stop token or string is dropped from the output
-    unless ``include_stop_str_in_output``.
-
-    :param max_tokens: overrides ``params.max_tokens`` (e.g. the engine's fill-in for
-        None); None means no length limit here.
+    Stop strings are found also when split across tokens (a match may start in
+    earlier text as long as it ends in the new delta). The output is cut before the
+    stop string, or after it with ``include_stop_str_in_output``. Stop strings do not
+    count before ``min_tokens`` tokens have been generated (as in vLLM).
     """
 
     def __init__(
         self,
-        params: SamplingParams,
-        eos_token_ids: Sequence[int] = (),
-        max_tokens: int | None = None,
+        stop: Sequence[str],
+        include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
-        self.stop_strings: list[str] = list(params.stop or [])
-        self.stop_token_ids = set(params.stop_token_ids or [])
-        self.eos_token_ids = set() if params.ignore_eos else set(eos_token_ids)
-        self.include_stop_str_in_output = params.include_stop_str_in_output
-        self.min_tokens = params.min_tokens
-        self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
-        self.text = ""
-        self.num_output_tokens = 0
-        self.finish_reason: FinishReason | None = None
-        self.stop_reason: str | int | None = None
-        self._num_emitted = 0
+        if any(not s for s in stop):
+            raise ValueError(f"stop strings must be non-empty, got {list(stop)!r}")
+        self.stop = list(stop)
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.min_tokens = min_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        """True once a finish reason is set."""
-        return self.finish_reason is not None
+    def check(self, text: str, delta: str, num_output_tokens: int) -> tuple[str, str | None]:
+        """Append ``delta`` to ``text``; return the new text and the stop string that ended it.
 
-    def update(self, token_id: int, delta: str) -> str:
-        """Record one generated token and its text delta; return the text that may stream now.
-
-        After this returns, ``finish_reason`` / ``stop_reason`` say whether the sequence
-        ended, and ``text`` is its (truncated) output text so far.
+        When a stop string matched (None otherwise), the returned text is already cut
+        and the sequence should finish with ``stop_reason`` = that string.
         """
-        if self.is_finished:
-            raise RuntimeError(f"update() after the sequence finished ({self.finish_reason})")
-        self.num_output_tokens += 1
-        may_stop = self.num_output_tokens >= self.min_tokens
-        if may_stop and (token_id in self.eos_token_ids or token_id in self.stop_token_ids):
-            if self.include_stop_str_in_output:
-                self.text += delta
-            is_eos = token_id in self.eos_token_ids and token_id not in self.stop_token_ids
-            return self.force_finish("stop", None if is_eos else token_id)
-        old_len = len(self.text)
-        self.text += delta
-        if may_stop and self.stop_strings and self._truncate_at_stop_string(old_len):
-            return self._release(len(self.text))
-        if self.max_tokens is not None and self.num_output_tokens >= self.max_tokens:
-            return self.force_finish("length")
-        return self._release(len(self.text) - self._partial_stop_len())
-
-    def force_finish(self, finish_reason: FinishReason, stop_reason: str | int | None = None) -> str:
-        """End the sequence now (e.g. abort, model length); return the held-back text."""
-        self.finish_reason = finish_reason
-        self.stop_reason = stop_reason
-        return self._release(len(self.text))
-
-    def _truncate_at_stop_string(self, old_len: int) -> bool:
-        """Find the earliest stop string that ends in the new text; cut the text there."""
+        new_text = text + delta
+        if num_output_tokens < self.min_tokens:
+            return new_text, None
         best: tuple[int, str] | None = None
-        for stop in self.stop_strings:
-            # a match must end in the new text, so it starts at most len(stop)-1 before it
-            index = self.text.find(stop, max(0, old_len - len(stop) + 1))
+        for stop in self.stop:
+            # the match must end inside the delta, so it starts at most len(stop)-1 before it
+            index = new_text.find(stop, max(0, len(text) - len(stop) + 1))
             if index != -1 and (best is None or index < best[0]):
                 best = (index, stop)
         if best is None:
-            return False
+            return new_text, None
         index, stop = best
-        self.text = self.text[: index + len(stop) if self.include_stop_str_in_output else index]
-        self.finish_reason = "stop"
-        self.stop_reason = stop
-        return True
+        end = index + len(stop) if self.include_stop_str_in_output else index
+        return new_text[:end], stop
 
-    def _partial_stop_len(self) -> int:
-        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    def visible(self, text: str) -> str:
+        """The part of an unfinished sequence's ``text`` that may be streamed now.
+
+        Holds back the longest tail that is a proper prefix of a stop string: it may
+        still become one, and a stop string must never reach the client. What is
+        visible now stays a prefix of what is visible later.
+        """
+        return text[: len(text) - self._partial_stop_len(text)]
+
+    def _partial_stop_len(self, text: str) -> int:
         longest = 0
-        for stop in self.stop_strings:
-            for length in range(min(len(stop) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(stop[:length]):
+        for stop in self.stop:
+            for length in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:length]):
                     longest = length
                     break
         return longest
-
-    def _release(self, end: int) -> str:
-        if end <= self._num_emitted:
-            return ""
-        out = self.text[self._num_emitted : end]
-        self._num_emitted = end
-        return out

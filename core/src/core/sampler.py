@@ -25,43 +25,32 @@ class SamplingState:
     """What the sampler needs to know about one row of the batch.
 
     ``generator`` is the request's own generator (see ``make_generator``) when it has
-    a seed, else None (the device's default generator is used). ``eos_token_ids`` are
-    masked, with ``params.stop_token_ids``, until ``params.min_tokens`` are generated.
+    a seed, else None (the device's default generator is used). ``stop_token_ids``
+    are every id that would end the request, EOS included unless ``ignore_eos``
+    (``params.stop_ids_for(eos_token_ids)``): they are masked until
+    ``params.min_tokens`` tokens have been generated.
     """
 
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None
-    eos_token_ids: Sequence[int] = ()
-
-
-@dataclass
-class TokenLogprobs:
-    """Logprob and 1-based rank of one chosen token, plus the top-k alternatives."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-    def to_dict(self, decode: Callable[[int], str] | None = None) -> dict[int, Logprob]:
-        """vLLM's per-position dict: the chosen token first, then the top-k by rank."""
-        text = decode if decode is not None else (lambda _tid: None)
-        out = {self.token_id: Logprob(self.logprob, self.rank, text(self.token_id))}
-        for rank, (tid, lp) in enumerate(zip(self.top_token_ids, self.top_logprobs, strict=True), start=1):
-            if tid not in out:
-                out[tid] = Logprob(lp, rank, text(tid))
-        return out
+    stop_token_ids: Sequence[int] = ()
 
 
 @dataclass
 class SamplerOutput:
-    """One sampled token per row; ``logprobs[i]`` is None unless row i asked for logprobs."""
+    """One sampled token per row, with logprobs for the rows whose params ask for them.
 
-    sampled_token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
+    ``logprobs[i]`` / ``ranks[i]`` are the sampled token's logprob under the raw model
+    distribution and its 1-based rank; ``top_logprobs[i]`` the ``params.logprobs``
+    most likely ``(token_id, logprob)``. All three are None for rows that did not ask.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    ranks: list[int | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -92,18 +81,19 @@ class Sampler:
             rows = torch.tensor(random_rows, device=logits.device)
             sampled[rows] = _sample_random(processed[rows], sub_states)
 
+        num_rows = len(states)
+        out = SamplerOutput(sampled.tolist(), [None] * num_rows, [None] * num_rows, [None] * num_rows)
         logprob_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
-        logprobs: list[TokenLogprobs | None] = [None] * len(states)
         if logprob_rows:
             rows = torch.tensor(logprob_rows, device=logits.device)
-            entries = gather_logprobs(
+            gathered = gather_logprobs(
                 torch.log_softmax(raw[rows], dim=-1),
                 sampled[rows],
                 [states[i].params.logprobs for i in logprob_rows],
             )
-            for i, entry in zip(logprob_rows, entries, strict=True):
-                logprobs[i] = entry
-        return SamplerOutput(sampled_token_ids=sampled.tolist(), logprobs=logprobs)
+            for i, (logprob, rank, top) in zip(logprob_rows, gathered, strict=True):
+                out.logprobs[i], out.ranks[i], out.top_logprobs[i] = logprob, rank, top
+        return out
 
 
 def _sample_random(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
@@ -168,13 +158,14 @@ def apply_logit_bias(logits: torch.Tensor, states: Sequence[SamplingState]) -> N
 
 
 def apply_min_tokens(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
-    """Forbid EOS and stop token ids, in place, for rows short of ``min_tokens``."""
+    """Forbid each row's ``stop_token_ids`` (EOS included), in place, until ``min_tokens``."""
     rows: list[int] = []
     cols: list[int] = []
     vocab_size = logits.shape[1]
     for i, state in enumerate(states):
         if len(state.output_token_ids) < state.params.min_tokens:
-            ids = [t for t in state.params.stop_ids_for(tuple(state.eos_token_ids)) if t < vocab_size]
+            stop_ids = set(state.stop_token_ids).union(state.params.stop_token_ids or ())
+            ids = [t for t in stop_ids if 0 <= t < vocab_size]
             rows.extend([i] * len(ids))
             cols.extend(ids)
     if rows:
@@ -265,38 +256,61 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]) -> list[TokenLogprobs]:
-    """Logprob, rank and the top ``num_top[i]`` of ``token_ids[i]`` in row i of ``logprobs``."""
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
+) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """For row i: the logprob and 1-based rank of ``token_ids[i]``, and the top ``num_top[i]``."""
     token_ids = token_ids.to(device=logprobs.device, dtype=torch.long)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))
     ranks = (logprobs > chosen).sum(dim=-1) + 1
     max_top = max(num_top, default=0)
     if max_top > 0:
         top_values, top_ids = logprobs.topk(max_top, dim=-1)
-        top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
+        tops = [
+            list(zip(ids, values, strict=True))
+            for ids, values in zip(top_ids.tolist(), top_values.tolist(), strict=True)
+        ]
     else:
-        top_values_list = top_ids_list = [[] for _ in num_top]
+        tops = [[] for _ in num_top]
     return [
-        TokenLogprobs(tid, lp, rank, ids[:k], values[:k])
-        for tid, lp, rank, ids, values, k in zip(
-            token_ids.tolist(),
-            chosen.squeeze(1).tolist(),
-            ranks.tolist(),
-            top_ids_list,
-            top_values_list,
-            num_top,
-            strict=True,
-        )
+        (lp, rank, top[:k])
+        for lp, rank, top, k in zip(chosen.squeeze(1).tolist(), ranks.tolist(), tops, num_top, strict=True)
     ]
 
 
-def compute_prompt_logprobs(
-    logits: torch.Tensor, next_token_ids: Sequence[int] | torch.Tensor, num_top: int
-) -> list[TokenLogprobs]:
-    """Prompt logprobs: row j of ``logits`` predicts ``next_token_ids[j]``.
+def logprob_dict(
+    token_id: int,
+    logprob: float,
+    rank: int,
+    top: Sequence[tuple[int, float]],
+    decode: Callable[[int], str | None] | None = None,
+) -> dict[int, Logprob]:
+    """vLLM's per-position dict: the chosen token first, then the top-k by rank.
 
-    For a prompt p[0..P-1], pass the logits at positions 0..P-2 and p[1..P-1]; the
-    first prompt token has no logprob (vLLM reports None for it).
+    ``decode`` (e.g. ``tokenizer.convert_ids_to_tokens``) fills ``decoded_token``.
+    """
+
+    def text(tid: int) -> str | None:
+        return decode(tid) if decode is not None else None
+
+    out = {token_id: Logprob(logprob, rank, text(token_id))}
+    for top_rank, (tid, lp) in enumerate(top, start=1):
+        if tid not in out:
+            out[tid] = Logprob(lp, top_rank, text(tid))
+    return out
+
+
+def prompt_logprobs_for(
+    logits: torch.Tensor,
+    next_token_ids: Sequence[int] | torch.Tensor,
+    num_top: int,
+    decode: Callable[[int], str | None] | None = None,
+) -> list[dict[int, Logprob]]:
+    """Prompt logprobs: row j of ``logits`` [P, V] predicts ``next_token_ids[j]``.
+
+    For a prompt p[0..L-1], pass the logits at positions 0..L-2 and p[1..L-1] (or any
+    chunk of them); the first prompt token has no logprob (vLLM reports None for it).
+    Returns one ``logprob_dict`` per row: the actual token, then the top ``num_top``.
     """
     if not isinstance(next_token_ids, torch.Tensor):
         next_token_ids = _long(list(next_token_ids), logits.device)
@@ -306,7 +320,11 @@ def compute_prompt_logprobs(
             f"got shape {tuple(logits.shape)}"
         )
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return gather_logprobs(logprobs, next_token_ids, [num_top] * logits.shape[0])
+    gathered = gather_logprobs(logprobs, next_token_ids, [num_top] * logits.shape[0])
+    return [
+        logprob_dict(tid, lp, rank, top, decode)
+        for tid, (lp, rank, top) in zip(next_token_ids.tolist(), gathered, strict=True)
+    ]
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
