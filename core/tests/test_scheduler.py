@@ -240,7 +240,7 @@ def test_finish_is_idempotent_and_checks_status():
 
 request = st.tuples(
     st.lists(st.integers(0, 3), min_size=1, max_size=24),  # a tiny vocabulary: many shared prefixes
-    st.integers(1, 12),  # max_tokens
+    st.integers(1, 16),  # max_tokens
     st.integers(0, 2),  # priority
     st.integers(0, 6),  # the step at which it arrives
     st.booleans(),  # aborted two steps after arrival
@@ -250,7 +250,7 @@ request = st.tuples(
 @settings(max_examples=60, deadline=None)
 @given(
     requests=st.lists(request, min_size=1, max_size=10),
-    num_blocks=st.integers(8, 24),
+    num_blocks=st.integers(5, 16),
     block_size=st.sampled_from([1, 2, 4]),
     budget=st.integers(4, 40),
     max_num_seqs=st.integers(1, 4),
