@@ -1,0 +1,133 @@
+// Paged attention over the flattened mixed prefill + decode batch of
+// plugins/attention.py. One work item is (token, kv head): the `group` query heads
+// sharing that kv head are done together so each cached K/V row is loaded once.
+// Online softmax over chunks of keys; query i of a sequence sees keys
+// 0 .. seq_len - query_len + i (causal with offset).
+#include "common.h"
+
+namespace CX86_NS {
+
+static const int kMaxHead = 256, kMaxGroup = 16, kChunk = 32;
+
+// index of the sequence owning token t (starts is non-decreasing); -1 if none
+static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
+  long lo = 0, hi = num_seqs;  // invariant: starts[lo] <= t < starts[hi]
+  if (num_seqs == 0 || t >= starts[num_seqs]) return -1;
+  while (hi - lo > 1) {
+    long mid = (lo + hi) / 2;
+    if (starts[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+template <typename T>
+static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
+                   const int32_t *starts, const int32_t *seq_lens, const int32_t *tables,
+                   long table_stride, long tokens, long num_seqs, long hq, long hk, long d,
+                   long block_size, float scale, int nthreads) {
+  const long group = hq / hk;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (tokens * hk > 1)
+  for (long item = 0; item < tokens * hk; ++item) {
+    const long t = item / hk, kvh = item % hk;
+    T *o = out + (t * hq + kvh * group) * d;
+    const long s = find_seq(starts, num_seqs, t);
+    const long seq_len = s < 0 ? 0 : seq_lens[s];
+    if (seq_len == 0) {  // padding token / sequence: defined as zeros
+      for (long i = 0; i < group * d; ++i) from_f32(0.0f, &o[i]);
+      continue;
+    }
+    const long q_len = starts[s + 1] - starts[s];
+    const long n_keys = seq_len - q_len + (t - starts[s]) + 1;
+    const int32_t *table = tables + s * table_stride;
+
+    float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
+    float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
+    for (long g = 0; g < group; ++g) {
+      const T *qg = q + t * q_stride + (kvh * group + g) * d;
+      for (long i = 0; i < d; ++i) {
+        qf[g][i] = to_f32(qg[i]) * scale;
+        acc[g][i] = 0.0f;
+      }
+      m[g] = -3.0e38f;
+      l[g] = 0.0f;
+    }
+    for (long j0 = 0; j0 < n_keys; j0 += kChunk) {
+      const long n = imin_(kChunk, n_keys - j0);
+      const T *krow[kChunk], *vrow[kChunk];
+      for (long j = 0; j < n; ++j) {
+        const long pos = j0 + j;
+        const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
+        krow[j] = kc + (slot * hk + kvh) * d;
+        vrow[j] = vc + (slot * hk + kvh) * d;
+      }
+      for (long j = 0; j < n; ++j) {
+        const T *kr = krow[j];
+        for (long g = 0; g < group; ++g) {
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(kr[i]);
+          p[g][j] = dot;
+        }
+      }
+      for (long g = 0; g < group; ++g) {
+        float mx = m[g];
+        for (long j = 0; j < n; ++j) mx = fmax_(mx, p[g][j]);
+        const float corr = fast_exp(m[g] - mx);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (long j = 0; j < n; ++j) {
+          p[g][j] = fast_exp(p[g][j] - mx);
+          sum += p[g][j];
+        }
+        l[g] = l[g] * corr + sum;
+        m[g] = mx;
+        if (corr != 1.0f) {
+#pragma omp simd
+          for (long i = 0; i < d; ++i) acc[g][i] *= corr;
+        }
+      }
+      for (long j = 0; j < n; ++j) {
+        const T *vr = vrow[j];
+        for (long g = 0; g < group; ++g) {
+          const float pj = p[g][j];
+#pragma omp simd
+          for (long i = 0; i < d; ++i) acc[g][i] += pj * to_f32(vr[i]);
+        }
+      }
+    }
+    for (long g = 0; g < group; ++g) {
+      const float inv = 1.0f / l[g];
+      for (long i = 0; i < d; ++i) from_f32(acc[g][i] * inv, &o[g * d + i]);
+    }
+  }
+}
+
+}  // namespace CX86_NS
+
+using namespace CX86_NS;
+
+extern "C" {
+
+// Limits the Python side checks before calling paged_attention.
+long CX86_FN(attention_max_head)(void) { return kMaxHead; }
+long CX86_FN(attention_max_group)(void) { return kMaxGroup; }
+
+// out[tokens, hq, d] (contiguous) = attention of q (row t at t * q_stride, heads
+// contiguous) over caches [num_blocks, block_size, hk, d]; starts = query_start_loc
+// [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride] (all int32).
+void CX86_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
+                              const void *k_cache, const void *v_cache, const int32_t *starts,
+                              const int32_t *seq_lens, const int32_t *tables, long table_stride,
+                              long tokens, long num_seqs, long hq, long hk, long d,
+                              long block_size, float scale, int nthreads) {
+  if (dtype == CX86_F32)
+    attend<float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
+                  (const float *)v_cache, starts, seq_lens, tables, table_stride, tokens,
+                  num_seqs, hq, hk, d, block_size, scale, nthreads);
+  else
+    attend<bf16_t>((bf16_t *)out, (const bf16_t *)q, q_stride, (const bf16_t *)k_cache,
+                   (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride, tokens,
+                   num_seqs, hq, hk, d, block_size, scale, nthreads);
+}
+
+}  // extern "C"

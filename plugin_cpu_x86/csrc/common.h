@@ -1,0 +1,93 @@
+// Shared helpers of the per-ISA kernel translation units.
+//
+// Every kernel source is compiled once per ISA (scalar, avx2, avx512, avx512vnni)
+// with that ISA's -m flags and CX86_ISA set to its name. Everything here lives in a
+// per-ISA namespace so no inline function compiled with AVX-512 flags can be picked
+// by the linker for the AVX2 or scalar build (an ODR trap that would raise SIGILL).
+// For the same reason the kernel sources use no STL templates.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#ifndef CX86_ISA
+#error "CX86_ISA must name the ISA this translation unit is built for"
+#endif
+
+#define CX86_CAT2(a, b, c) a##b##c
+#define CX86_CAT(a, b, c) CX86_CAT2(a, b, c)
+// exported entry point of this ISA: cx86_<isa>_<name>
+#define CX86_FN(name) CX86_CAT(cx86_, CX86_ISA, _##name)
+#define CX86_NS CX86_CAT(cx86_, CX86_ISA, _impl)
+
+// dtype codes shared with Python (plugin_cpu_x86/native.py)
+enum { CX86_F32 = 0, CX86_BF16 = 1 };
+
+namespace CX86_NS {
+
+typedef uint16_t bf16_t;
+
+static inline float bits_to_float(uint32_t u) { return __builtin_bit_cast(float, u); }
+static inline uint32_t float_to_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+
+static inline float to_f32(float x) { return x; }
+static inline float to_f32(bf16_t x) { return bits_to_float((uint32_t)x << 16); }
+
+// round-to-nearest-even like torch; NaN stays a (quiet) NaN
+static inline void from_f32(float x, float *out) { *out = x; }
+static inline void from_f32(float x, bf16_t *out) {
+  uint32_t u = float_to_bits(x);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  *out = (bf16_t)((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r);
+}
+
+static inline float half_to_f32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {
+    float f = (float)mant * 5.9604644775390625e-8f;  // subnormal: mant * 2^-24
+    return sign ? -f : f;
+  }
+  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
+  return bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+#endif
+}
+
+static inline float read_half(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return half_to_f32(h);
+}
+
+static inline float fmin_(float a, float b) { return a < b ? a : b; }
+static inline float fmax_(float a, float b) { return a > b ? a : b; }
+static inline int imin_(int a, int b) { return a < b ? a : b; }
+
+// exp(x) for x <= ~88, written so that loops over it auto-vectorize (no libm call).
+// 2^n * p(r) with r in [-ln2/2, ln2/2]; relative error ~2e-7. Underflows to 0.
+static inline float fast_exp(float x) {
+  x = fmax_(x, -87.0f);
+  x = fmin_(x, 88.0f);
+  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = (int32_t)n + 127;
+  return p * bits_to_float((uint32_t)e << 23);
+}
+
+}  // namespace CX86_NS

@@ -1,0 +1,149 @@
+// Row-wise kernels: RMSNorm (plain and fused with the residual add), rotary
+// embedding (NeoX rotate-half), SiLU-and-mul and the KV-cache write.
+// Inputs in fp32 or bf16 are widened to fp32 in registers; outputs are rounded once.
+#include "common.h"
+
+namespace CX86_NS {
+
+// a parallel region only pays off above this many elements (two cores wake in ~us)
+static const long kParallelMin = 1L << 15;
+
+template <typename T, typename W>
+static void rms_norm_rows(T *out, T *res_out, const T *x, long x_stride, const T *res,
+                          long res_stride, const W *w, long rows, long n, float eps,
+                          int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * n >= kParallelMin) schedule(static)
+  for (long r = 0; r < rows; ++r) {
+    const T *xr = x + r * x_stride;
+    T *o = out + r * n;
+    float ss = 0.0f;
+    if (res) {
+      // the rounded sum is both the new residual and the norm's input (as the reference)
+      const T *rr = res + r * res_stride;
+      T *ro = res_out + r * n;
+#pragma omp simd reduction(+ : ss)
+      for (long i = 0; i < n; ++i) {
+        T s;
+        from_f32(to_f32(xr[i]) + to_f32(rr[i]), &s);
+        ro[i] = s;
+        float f = to_f32(s);
+        ss += f * f;
+      }
+      xr = ro;
+    } else {
+#pragma omp simd reduction(+ : ss)
+      for (long i = 0; i < n; ++i) {
+        float f = to_f32(xr[i]);
+        ss += f * f;
+      }
+    }
+    float inv = 1.0f / __builtin_sqrtf(ss / (float)n + eps);
+#pragma omp simd
+    for (long i = 0; i < n; ++i) from_f32(to_f32(xr[i]) * inv * to_f32(w[i]), &o[i]);
+  }
+}
+
+template <typename T, typename C>
+static void rotary_rows(T *out, const T *x, long row_stride, long heads, long d,
+                        const int64_t *pos, const C *cache, long rows, int nthreads) {
+  long half = d / 2;
+#pragma omp parallel for num_threads(nthreads) if (rows * heads * d >= kParallelMin) schedule(static)
+  for (long r = 0; r < rows; ++r) {
+    const C *cs = cache + pos[r] * d;
+    for (long h = 0; h < heads; ++h) {
+      const T *xi = x + r * row_stride + h * d;
+      T *o = out + (r * heads + h) * d;
+#pragma omp simd
+      for (long i = 0; i < half; ++i) {
+        float c = to_f32(cs[i]), s = to_f32(cs[half + i]);
+        float x1 = to_f32(xi[i]), x2 = to_f32(xi[half + i]);
+        from_f32(x1 * c - x2 * s, &o[i]);
+        from_f32(x2 * c + x1 * s, &o[half + i]);
+      }
+    }
+  }
+}
+
+template <typename T>
+static void silu_mul_rows(T *out, const T *x, long x_stride, long rows, long inter, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * inter >= kParallelMin) schedule(static)
+  for (long r = 0; r < rows; ++r) {
+    const T *g = x + r * x_stride;
+    const T *u = g + inter;
+    T *o = out + r * inter;
+#pragma omp simd
+    for (long i = 0; i < inter; ++i) {
+      float gf = to_f32(g[i]);
+      from_f32(gf / (1.0f + fast_exp(-gf)) * to_f32(u[i]), &o[i]);
+    }
+  }
+}
+
+}  // namespace CX86_NS
+
+using namespace CX86_NS;
+
+extern "C" {
+
+// out[rows, n] = rms_norm(x) * w. With res != NULL: res_out = round(x + res) and the
+// norm is taken of res_out (fused residual add). w_dtype may differ from dtype.
+void CX86_FN(rms_norm)(int dtype, int w_dtype, void *out, void *res_out, const void *x,
+                       long x_stride, const void *res, long res_stride, const void *w,
+                       long rows, long n, float eps, int nthreads) {
+#define CX86_RMS(T, W)                                                                   \
+  rms_norm_rows<T, W>((T *)out, (T *)res_out, (const T *)x, x_stride, (const T *)res,    \
+                      res_stride, (const W *)w, rows, n, eps, nthreads)
+  if (dtype == CX86_F32) {
+    if (w_dtype == CX86_F32) CX86_RMS(float, float); else CX86_RMS(float, bf16_t);
+  } else {
+    if (w_dtype == CX86_F32) CX86_RMS(bf16_t, float); else CX86_RMS(bf16_t, bf16_t);
+  }
+#undef CX86_RMS
+}
+
+// out[rows, heads, d] = rotate(x) where row r of x starts at r * row_stride (heads
+// contiguous); cache[max_pos, d] holds cos | sin.
+void CX86_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long row_stride,
+                     long heads, long d, const int64_t *pos, const void *cache, long rows,
+                     int nthreads) {
+#define CX86_ROT(T, C)                                                                  \
+  rotary_rows<T, C>((T *)out, (const T *)x, row_stride, heads, d, pos, (const C *)cache, \
+                    rows, nthreads)
+  if (dtype == CX86_F32) {
+    if (cache_dtype == CX86_F32) CX86_ROT(float, float); else CX86_ROT(float, bf16_t);
+  } else {
+    if (cache_dtype == CX86_F32) CX86_ROT(bf16_t, float); else CX86_ROT(bf16_t, bf16_t);
+  }
+#undef CX86_ROT
+}
+
+// out[rows, inter] = silu(x[:, :inter]) * x[:, inter:2*inter]
+void CX86_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
+                           long inter, int nthreads) {
+  if (dtype == CX86_F32)
+    silu_mul_rows<float>((float *)out, (const float *)x, x_stride, rows, inter, nthreads);
+  else
+    silu_mul_rows<bf16_t>((bf16_t *)out, (const bf16_t *)x, x_stride, rows, inter, nthreads);
+}
+
+// Copy token t's row_bytes of k and v (rows at t * k_stride_bytes / v_stride_bytes)
+// into slot slots[t] of the caches; negative slots are padding and skipped. Returns
+// the number of slots >= num_slots (not written).
+long CX86_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
+                             long v_stride_bytes, void *k_cache, void *v_cache,
+                             const int64_t *slots, long tokens, long row_bytes, long num_slots) {
+  long bad = 0;
+  for (long t = 0; t < tokens; ++t) {
+    int64_t s = slots[t];
+    if (s < 0) continue;
+    if (s >= num_slots) {
+      ++bad;
+      continue;
+    }
+    memcpy((char *)k_cache + s * row_bytes, (const char *)k + t * k_stride_bytes, row_bytes);
+    memcpy((char *)v_cache + s * row_bytes, (const char *)v + t * v_stride_bytes, row_bytes);
+  }
+  return bad;
+}
+
+}  // extern "C"

@@ -1,0 +1,167 @@
+"""Native kernels of the x86 CPU platform (:class:`CpuX86Kernels`).
+
+Each op calls the C++ kernel of the chosen ISA when the dtypes (float32, bfloat16)
+and memory layout are ones it handles, and otherwise falls back to the torch
+reference of :class:`plugins.kernels.Kernels`. Calls go straight to ctypes functions
+bound once at construction, on the tensors' data pointers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from plugin_cpu_x86.linear import QuantLinearMixin
+from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, NativeLib
+from plugins.attention import AttentionMetadata
+from plugins.kernels import Kernels
+
+_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+
+
+def _row_view(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """``x`` as rows of its last dimension with a row stride, or None if not expressible."""
+    if x.dim() == 2 and x.stride(1) == 1:
+        return x, x.stride(0)
+    if x.is_contiguous():
+        return x.view(-1, x.shape[-1]), x.shape[-1]
+    return None
+
+
+def _heads_view(x: torch.Tensor) -> bool:
+    """Whether ``x [T, H, D]`` has contiguous heads (any token stride)."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+class CpuX86Kernels(QuantLinearMixin, Kernels):
+    """C++ kernels with runtime ISA dispatch.
+
+    :param isa: ``CPU_KERNEL_ISA``: ``"auto"`` (best the CPU runs), ``"avx512"``,
+        ``"avx2"`` or ``"scalar"``.
+    :param num_threads: OpenMP threads per kernel (default: CPUs this process may use).
+    """
+
+    def __init__(self, isa: str = "auto", num_threads: int | None = None) -> None:
+        self.lib = NativeLib(isa)
+        self.num_threads = num_threads or len(os.sched_getaffinity(0))
+
+    @property
+    def isa(self) -> str:
+        """The library variant in use (``avx512vnni``, ``avx512``, ``avx2`` or ``scalar``)."""
+        return self.lib.isa
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dt, wdt, rows = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype), _row_view(x)
+        if dt is None or wdt is None or rows is None or not weight.is_contiguous():
+            return super().rms_norm(x, weight, eps)
+        x2, stride = rows
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self.lib.rms_norm(
+            dt, wdt, out.data_ptr(), None, x2.data_ptr(), stride, None, 0, weight.data_ptr(),
+            x2.shape[0], x2.shape[1], eps, self.num_threads,
+        )  # fmt: skip
+        return out
+
+    def fused_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dt, wdt = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype)
+        xr, rr = _row_view(x), _row_view(residual)
+        if (
+            dt is None or wdt is None or xr is None or rr is None or residual.dtype != x.dtype
+            or residual.shape != x.shape or not weight.is_contiguous()
+        ):  # fmt: skip
+            return super().fused_add_rms_norm(x, residual, weight, eps)
+        (x2, xs), (r2, rs) = xr, rr
+        out = torch.empty(x.shape, dtype=x.dtype)
+        summed = torch.empty(x.shape, dtype=x.dtype)
+        self.lib.rms_norm(
+            dt, wdt, out.data_ptr(), summed.data_ptr(), x2.data_ptr(), xs, r2.data_ptr(), rs,
+            weight.data_ptr(), x2.shape[0], x2.shape[1], eps, self.num_threads,
+        )  # fmt: skip
+        return out, summed
+
+    def rotary_embedding(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dt, cdt = _DTYPES.get(q.dtype), _DTYPES.get(cos_sin_cache.dtype)
+        d = q.shape[-1]
+        if (
+            dt is None or cdt is None or k.dtype != q.dtype or not _heads_view(q) or not _heads_view(k)
+            or positions.dtype != torch.int64 or not positions.is_contiguous()
+            or not cos_sin_cache.is_contiguous() or cos_sin_cache.shape[-1] != d or d % 2
+        ):  # fmt: skip
+            return super().rotary_embedding(positions, q, k, cos_sin_cache)
+        q_out = torch.empty(q.shape, dtype=q.dtype)
+        k_out = torch.empty(k.shape, dtype=k.dtype)
+        pos, cache, tokens = positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0]
+        for src, dst in ((q, q_out), (k, k_out)):
+            self.lib.rotary(
+                dt, cdt, dst.data_ptr(), src.data_ptr(), src.stride(0), src.shape[1], d, pos, cache, tokens,
+                self.num_threads,
+            )  # fmt: skip
+        return q_out, k_out
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        dt, rows = _DTYPES.get(x.dtype), _row_view(x)
+        if dt is None or rows is None or x.shape[-1] % 2:
+            return super().silu_and_mul(x)
+        x2, stride = rows
+        inter = x.shape[-1] // 2
+        out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype)
+        self.lib.silu_and_mul(dt, out.data_ptr(), x2.data_ptr(), stride, x2.shape[0], inter, self.num_threads)
+        return out
+
+    def write_kv_cache(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if (
+            k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
+            or not _heads_view(k) or not _heads_view(v) or k.shape[1:] != k_cache.shape[2:]
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape != v_cache.shape
+            or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
+        ):  # fmt: skip
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        size = k.element_size()
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        bad = self.lib.write_kv_cache(
+            k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size, k_cache.data_ptr(),
+            v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2] * size, num_slots,
+        )  # fmt: skip
+        if bad:
+            raise IndexError(f"slot_mapping has {bad} slot(s) >= the cache's {num_slots} slots")
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        dt = _DTYPES.get(q.dtype)
+        tokens, hq, d = q.shape
+        hk = k_cache.shape[2]
+        tables = meta.block_tables
+        if (
+            dt is None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or not _heads_view(q)
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape[3] != d
+            or hq % hk or hq // hk > self.lib.max_group or d > self.lib.max_head
+            or tables.dtype != torch.int32 or tables.stride(-1) != 1
+            or meta.query_start_loc.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
+            or not meta.query_start_loc.is_contiguous() or not meta.seq_lens.is_contiguous()
+        ):  # fmt: skip
+            return super().paged_attention(q, k_cache, v_cache, meta, scale)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        self.lib.paged_attention(
+            dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+            meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
+            tokens, len(meta.seq_lens_host), hq, hk, d, k_cache.shape[1], scale, self.num_threads,
+        )  # fmt: skip
+        return out

@@ -1,0 +1,152 @@
+"""Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1).
+
+Small batches (decode) run the native integer matrix-vector kernels; larger ones
+(prefill) dequantize the weight tile by tile into float32 and multiply with torch's
+GEMM, which measures faster there. Other GGUF types (Q4_K, Q6_K, ...) are
+dequantized once at load with ``gguf.quants.dequantize`` and run in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, INT8, Q4_0, Q4_1, Q8_0
+from plugins.errors import UnsupportedFeature
+from plugins.kernels import GGUFWeight
+
+#: GGUF types kept in their blocks, with their native format code
+NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
+_BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
+_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+#: up to this many rows the integer matvec kernel runs; above, dequantized tiles + GEMM
+SMALL_BATCH_MAX = 16
+#: float32 bytes of one dequantized weight tile (stays in L2)
+TILE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
+
+    ``data`` holds ``out_features`` rows in format ``fmt`` (``"int8"``, ``"Q8_0"``,
+    ``"Q4_0"``, ``"Q4_1"``); ``scales`` the per-row float32 scales of ``"int8"``.
+    """
+
+    fmt: str
+    code: int
+    data: torch.Tensor
+    scales: torch.Tensor | None
+    out_features: int
+    in_features: int
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
+        if self.code == INT8:
+            return self.data.float() * self.scales[:, None]
+        import gguf
+
+        kind = gguf.GGMLQuantizationType[self.fmt]
+        return torch.from_numpy(gguf.quants.dequantize(self.data.numpy(), kind)).float()
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """Symmetric per-output-channel int8: ``w ~= q * scale[row]``, ``q`` in [-127, 127]."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantizedWeight("int8", INT8, q.contiguous(), scales.contiguous(), *w.shape)
+
+
+def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
+    """Keep Q8_0/Q4_0/Q4_1 blocks as they are; dequantize every other GGUF type to float32."""
+    data = weight.data.reshape(weight.rows, -1).contiguous()
+    code = NATIVE_GGUF.get(weight.qtype)
+    if code is not None and weight.cols % 32 == 0:
+        expected = weight.cols // 32 * _BLOCK_BYTES[code]
+        if data.shape[1] != expected:
+            raise ValueError(
+                f"GGUF {weight.qtype} weight [{weight.rows}, {weight.cols}] needs {expected} bytes a row, "
+                f"got {data.shape[1]}"
+            )
+        return QuantizedWeight(weight.qtype, code, data, None, weight.rows, weight.cols)
+    import gguf
+
+    try:
+        kind = gguf.GGMLQuantizationType[weight.qtype]
+    except KeyError:
+        raise UnsupportedFeature(f"unknown GGUF quantization type {weight.qtype!r}") from None
+    dense = gguf.quants.dequantize(data.numpy(), kind)
+    return torch.from_numpy(dense.reshape(weight.rows, weight.cols)).float()
+
+
+class QuantLinearMixin:
+    """``prepare_linear`` / ``linear`` with native quantized kernels (needs ``self.lib``)."""
+
+    supported_quantizations = frozenset({"int8", "gguf"})
+
+    def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
+        if isinstance(weight, GGUFWeight):
+            return gguf_weight(weight)
+        if quantization == "int8":
+            return quantize_int8(weight)
+        if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
+            return weight
+        raise UnsupportedFeature(
+            f"quantization {quantization!r} is not supported by cpu_x86; supported: None, int8, gguf"
+        )
+
+    def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, QuantizedWeight):
+            return self._quantized_linear(x, weight, bias)
+        if weight.dtype != x.dtype:  # e.g. a float32 dequantized GGUF weight in a bf16 model
+            return F.linear(x.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype)).to(x.dtype)
+        return F.linear(x, weight, bias)
+
+    def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        k, n = w.in_features, w.out_features
+        if x.shape[-1] != k:
+            raise ValueError(f"linear input has {x.shape[-1]} features, the weight expects {k}")
+        dt = _DTYPES.get(x.dtype)
+        if dt is None or k % 32:
+            out = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
+            return out.to(x.dtype)
+        x2 = x.reshape(-1, k)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        rows = x2.shape[0]
+        if rows > SMALL_BATCH_MAX:
+            out = self._tiled_linear(x2, w)
+            if bias is not None:
+                out += bias.float()
+            return out.to(x.dtype).view(*x.shape[:-1], n)
+        bdt = DTYPE_F32
+        if bias is not None:
+            bias = bias if bias.dtype in _DTYPES and bias.is_contiguous() else bias.float().contiguous()
+            bdt = _DTYPES[bias.dtype]
+        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
+        status = self.lib.quant_matmul(
+            w.code, w.data.data_ptr(), None if w.scales is None else w.scales.data_ptr(), n, k, dt,
+            x2.data_ptr(), x2.stride(0), rows, out.data_ptr(), None if bias is None else bias.data_ptr(), bdt,
+            self.num_threads,
+        )  # fmt: skip
+        if status:
+            raise MemoryError(f"quant_matmul could not allocate its {rows}x{k} activation buffer")
+        return out
+
+    def _tiled_linear(self, x2: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+        """float32 ``[rows, n]``: dequantize row tiles of the weight and GEMM each."""
+        k, n = w.in_features, w.out_features
+        xf = x2.float()
+        out_t = torch.empty(n, x2.shape[0], dtype=torch.float32)
+        tile = max(16, TILE_BYTES // (4 * k))
+        buf = torch.empty(min(tile, n), k, dtype=torch.float32)
+        scales = None if w.scales is None else w.scales.data_ptr()
+        for r0 in range(0, n, tile):
+            r1 = min(n, r0 + tile)
+            self.lib.dequantize(w.code, w.data.data_ptr(), scales, k, r0, r1, buf.data_ptr(), self.num_threads)
+            torch.mm(buf[: r1 - r0], xf.t(), out=out_t[r0:r1])
+        return out_t.t().contiguous()

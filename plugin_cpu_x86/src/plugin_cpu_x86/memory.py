@@ -1,0 +1,42 @@
+"""KV-cache budgeting for the CPU: CPU_KVCACHE_SPACE GiB, or a share of free memory."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from plugins.memory import GiB, MemoryProfiler
+
+logger = logging.getLogger(__name__)
+
+#: with CPU_KVCACHE_SPACE=0 (auto): this share of the memory free after activations ...
+AUTO_FRACTION = 0.4
+#: ... capped at this many bytes (a small model seldom needs more)
+AUTO_CAP = 8 * GiB
+
+
+class CpuMemoryProfiler(MemoryProfiler):
+    """Host-memory profiler whose KV budget follows ``CPU_KVCACHE_SPACE`` (as vLLM's)."""
+
+    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
+        space = self.platform.env["CPU_KVCACHE_SPACE"]
+        free = self.free_memory() - peak_activation_bytes
+        if space > 0:
+            budget = int(space * GiB)
+            if budget > free:
+                raise ValueError(
+                    f"CPU_KVCACHE_SPACE={space} GiB exceeds the {free / GiB:.1f} GiB of memory free "
+                    "after weights and activations; lower it"
+                )
+            why = f"CPU_KVCACHE_SPACE={space} GiB"
+        elif getattr(config, "kv_cache_bytes", None):
+            budget = int(config.kv_cache_bytes)
+            why = f"{budget / GiB:.2f} GiB requested by the engine config"
+        else:
+            budget = max(0, min(AUTO_CAP, int(free * AUTO_FRACTION)))
+            why = (
+                f"auto: min({AUTO_CAP / GiB:.0f} GiB, {AUTO_FRACTION:.0%} of {free / GiB:.1f} GiB free); "
+                "set CORE_CPU_KVCACHE_SPACE to choose"
+            )
+        logger.info("cpu_x86 KV cache budget %.2f GiB (%s)", budget / GiB, why)
+        return budget, why

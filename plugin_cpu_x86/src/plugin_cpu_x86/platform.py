@@ -1,0 +1,131 @@
+"""The x86 CPU platform: ISA-dispatched C++ kernels, thread binding, KV budgeting."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import plugins
+from plugin_cpu_x86.cpuinfo import X86_MACHINES, machine, parse_threads_bind, plan_compute_cpus, read_cpuinfo
+from plugins.memory import GiB, host_memory
+
+logger = logging.getLogger(__name__)
+
+
+def _kv_space(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError("must be >= 0 (GiB; 0 = auto)")
+    return value
+
+
+def _reserved(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+class CpuX86Platform(plugins.Platform):
+    """x86-64 CPUs. Kernels: AVX-512 (+VNNI), AVX2+FMA or portable C++, chosen from cpuid.
+
+    Thread binding (:meth:`init_device`) pins the calling thread, which must be the
+    one that runs the model, and its OpenMP pool to the compute CPUs. The front end
+    stays off them by running on the CPUs left over: ``get_extension("frontend_cpus")``
+    lists them (the ``CPU_NUM_OF_RESERVED_CPU`` cores under ``auto`` binding) for the
+    server to pass to ``os.sched_setaffinity`` in its own threads.
+    """
+
+    name = "cpu_x86"
+    device_type = "cpu"
+    priority = 10
+    supported_dtypes = ("float32", "bfloat16", "float16")
+    env_vars = (
+        plugins.EnvVar("CPU_KVCACHE_SPACE", _kv_space, 0.0, "KV cache size in GiB (0 = auto share of free memory)"),
+        plugins.EnvVar(
+            "CPU_OMP_THREADS_BIND", parse_threads_bind, "auto",
+            "CPUs for the compute threads: auto (a NUMA node's physical cores per rank), all, "
+            "or lists like 0-31|32-63 (one per rank)",
+        ),  # fmt: skip
+        plugins.EnvVar(
+            "CPU_NUM_OF_RESERVED_CPU", _reserved, 0, "cores kept free for the front end (auto binding only)"
+        ),
+        plugins.EnvVar(
+            "CPU_KERNEL_ISA", str, "auto", "force a kernel path (tests, debugging)",
+            choices=("auto", "avx512", "avx2", "scalar"),
+        ),  # fmt: skip
+    )
+
+    def __init__(self) -> None:
+        self._frontend_cpus: list[int] | None = None
+
+    def is_available(self) -> bool:
+        return machine() in X86_MACHINES
+
+    def unavailable_reason(self) -> str | None:
+        if self.is_available():
+            return None
+        return f"not an x86-64 machine (platform.machine() is {machine()!r})"
+
+    def device_info(self) -> dict[str, Any]:
+        info = read_cpuinfo()
+        total, available = host_memory()
+        result: dict[str, Any] = {
+            "name": info.model,
+            "count": 1,
+            "num_cpus": info.num_logical,
+            "num_cpus_allowed": len(os.sched_getaffinity(0)),
+            "memory_total_gib": round(total / GiB, 1),
+            "memory_available_gib": round(available / GiB, 1),
+            "isa": info.isa,
+        }
+        try:
+            from plugin_cpu_x86.native import NativeLib
+
+            result["kernel_isa"] = NativeLib(self.env["CPU_KERNEL_ISA"]).isa
+        except (plugins.PluginError, ValueError, OSError) as exc:
+            result["kernel_isa"] = f"unavailable: {exc}"
+        return result
+
+    def make_kernels(self):
+        from plugin_cpu_x86.kernels import CpuX86Kernels
+
+        kernels = CpuX86Kernels(self.env["CPU_KERNEL_ISA"])
+        logger.info("cpu_x86 kernels: %s path (CPU_KERNEL_ISA=%s)", kernels.isa, self.env["CPU_KERNEL_ISA"])
+        return kernels
+
+    def make_memory_profiler(self):
+        from plugin_cpu_x86.memory import CpuMemoryProfiler
+
+        return CpuMemoryProfiler(self)
+
+    def init_device(self, config: Any) -> None:
+        """Bind the calling (engine) thread, torch's threads and the kernels' threads.
+
+        One compute thread per chosen CPU, each OpenMP thread pinned to its own CPU,
+        so torch ops and native kernels share one pool and never oversubscribe.
+        """
+        import torch
+
+        allowed = sorted(os.sched_getaffinity(0))
+        rank = getattr(config, "local_rank", None) or int(os.environ.get("LOCAL_RANK", "0"))
+        bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
+        cpus = plan_compute_cpus(bind, reserved, rank, allowed)
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+        self.kernels.num_threads = len(cpus)
+        failed = self.kernels.lib.bind_threads(cpus)
+        self._frontend_cpus = [c for c in allowed if c not in cpus] or allowed
+        logger.info(
+            "cpu_x86: %d compute threads on CPUs %s (CPU_OMP_THREADS_BIND=%s, reserved %d, rank %d)%s; "
+            "front end CPUs %s",
+            len(cpus), cpus, bind, reserved, rank, f", {failed} failed to pin" if failed else "",
+            self._frontend_cpus,
+        )  # fmt: skip
+
+    def get_extension(self, name: str) -> Any | None:
+        """``"frontend_cpus"``: CPUs left to the front end after :meth:`init_device`."""
+        if name == "frontend_cpus":
+            return self._frontend_cpus
+        return None
