@@ -1,0 +1,61 @@
+"""Fixtures: the native kernels once per ISA path this CPU can run, and the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugin_cpu_x86.platform import CpuX86Platform
+from plugins.kernels import Kernels
+
+#: CPU_KERNEL_ISA values each kernel test runs under (skipped where the CPU lacks it)
+ISA_PATHS = ("avx512", "avx2", "scalar")
+#: (atol, rtol) of kernel outputs vs the float32 torch reference, per dtype; bf16
+#: allows about one bf16 ulp (2^-8 relative) of rounding difference
+TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 1.6e-2)}
+
+
+@pytest.fixture(params=ISA_PATHS)
+def kernels(request, monkeypatch):
+    """The platform's kernels with CORE_CPU_KERNEL_ISA forced to one path."""
+    monkeypatch.setenv("CORE_CPU_KERNEL_ISA", request.param)
+    platform = CpuX86Platform()
+    try:
+        kern = platform.kernels
+    except ValueError as exc:  # the CPU lacks this ISA
+        pytest.skip(str(exc))
+    assert kern.isa.startswith(request.param)
+    return kern
+
+
+@pytest.fixture
+def ref() -> Kernels:
+    return Kernels()
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+def rand(shape, dtype, gen, scale=1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    atol, rtol = TOLERANCES[expected.dtype]
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.fixture(name="rand")
+def rand_fixture():
+    """``rand(shape, dtype, gen, scale=1.0)``: normal random tensor (helpers are fixtures
+    because the repository runs pytest with --import-mode=importlib)."""
+    return rand
+
+
+@pytest.fixture(name="close")
+def close_fixture():
+    """``close(actual, expected, what)``: assert within :data:`TOLERANCES`."""
+    return assert_close

@@ -1,0 +1,63 @@
+"""Paged attention vs the torch reference on mixed prefill + decode batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugins.attention import AttentionMetadata
+
+DTYPES = (torch.float32, torch.bfloat16)
+CASES = [
+    # query_lens, seq_lens, q heads, kv heads, head size
+    ([1], [1], 9, 3, 64),  # first decode token
+    ([1, 1, 1], [17, 40, 5], 9, 3, 64),  # decode batch, GQA 3
+    ([7], [7], 4, 4, 128),  # plain prefill, MHA
+    ([5, 1, 12, 1], [5, 33, 20, 70], 8, 2, 64),  # mixed: prefill, decode, chunked prefill
+    ([3, 1], [100, 1], 16, 1, 128),  # MQA, long context chunk
+]
+
+
+def make_case(gen, rand, dtype, query_lens, seq_lens, hq, hk, d, block_size):
+    """Random caches, a shuffled block allocation and the metadata that indexes it."""
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, at = [], 0
+    for n in blocks_per_seq:
+        tables.append(ids[at : at + n])
+        at += n
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size)
+    k_cache = rand((num_blocks, block_size, hk, d), dtype, gen)
+    v_cache = rand((num_blocks, block_size, hk, d), dtype, gen)
+    q = rand((sum(query_lens), hq, d), dtype, gen)
+    return q, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("query_lens,seq_lens,hq,hk,d", CASES)
+def test_paged_attention(kernels, ref, gen, rand, close, dtype, block_size, query_lens, seq_lens, hq, hk, d):
+    q, k_cache, v_cache, meta = make_case(gen, rand, dtype, query_lens, seq_lens, hq, hk, d, block_size)
+    scale = d**-0.5
+    close(kernels.paged_attention(q, k_cache, v_cache, meta, scale), ref.paged_attention(q, k_cache, v_cache, meta, scale), "paged_attention")
+
+
+def test_paged_attention_strided_q_and_padding(kernels, ref, gen, rand, close):
+    """q as a view of a fused qkv tensor, and a runner's padding sequence (seq_len 0)."""
+    hq, hk, d, bs = 6, 2, 64, 16
+    _, k_cache, v_cache, meta = make_case(gen, rand, torch.float32, [1, 1], [9, 30], hq, hk, d, bs)
+    meta.seq_lens[1] = 0  # as plugins.runner.pad_inputs builds it
+    meta.seq_lens_host[1] = 0
+    qkv = rand((2, (hq + 2 * hk) * d), torch.float32, gen)
+    q = qkv[:, : hq * d].view(2, hq, d)
+    out = kernels.paged_attention(q, k_cache, v_cache, meta, 0.125)
+    close(out, ref.paged_attention(q, k_cache, v_cache, meta, 0.125), "strided q")
+    assert torch.all(out[1] == 0)
+
+
+def test_unsupported_layout_falls_back(kernels, ref, gen, rand, close):
+    """float16 is not a native dtype: the reference runs instead, same result."""
+    q, k_cache, v_cache, meta = make_case(gen, rand, torch.float16, [2], [5], 4, 2, 64, 16)
+    out = kernels.paged_attention(q, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(out, ref.paged_attention(q, k_cache, v_cache, meta, 0.125))
