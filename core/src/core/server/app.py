@@ -1,0 +1,164 @@
+"""The FastAPI app and ``run_server`` (what ``core serve`` calls).
+
+The engine is built in the main thread before uvicorn starts and steps in its own thread;
+SIGINT/SIGTERM abort what is in flight (streams end with ``finish_reason: "abort"``) and
+stop the engine; uvicorn then closes the connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from core import __version__
+from core.async_engine import AsyncEngine
+from core.config import EngineConfig
+from core.engine import LLMEngine
+from core.server.chat import ChatHandler
+from core.server.completions import CompletionHandler
+from core.server.errors import APIError, install_error_handlers
+from core.server.frontend import Frontend
+from core.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from core.server.streaming import ClientDisconnected
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int = 4 << 20) -> Any:
+    """The ASGI app serving ``fe``'s engine: FastAPI routes inside the key and body-size checks."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(fe.engine.shutdown)
+        fe.close()
+
+    app = FastAPI(title="core", version=__version__, lifespan=lifespan)
+    app.state.frontend = fe
+    install_error_handlers(app)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client has left
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not fe.engine.is_running:
+            raise APIError(503, "the engine is not running")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(fe.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": fe.model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "core",
+            "root": fe.model_name,
+            "max_model_len": fe.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Any:
+        return await CompletionHandler(fe, req)(raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
+        return await ChatHandler(fe, req)(raw)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
+        fe.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "send exactly one of prompt or messages", "prompt")
+        if req.messages is not None:
+            ids = await fe.render_chat(req.messages, req.add_generation_prompt, None)
+        else:
+            ids = await fe.tokenize(req.prompt or "", req.add_special_tokens)
+        return {"count": len(ids), "max_model_len": fe.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
+        fe.check_model(req.model)
+        return {"prompt": await fe.detokenize(req.tokens)}
+
+    started = int(time.time())
+    wrapped: Any = BodyLimitMiddleware(app, max_request_bytes)
+    if api_key:
+        wrapped = ApiKeyMiddleware(wrapped, api_key)
+    wrapped.fastapi_app = app  # tests and tools reach the routes and the OpenAPI schema here
+    return wrapped
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: log the URL once listening, abort the engine's requests on the first signal."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets or ():
+                host, port = sock.getsockname()[:2]
+                shown = "localhost" if host in ("0.0.0.0", "::") else host
+                logger.info("ready: serving on http://%s:%d (Ctrl+C to stop)", shown, port)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self.should_exit:
+            logger.info("signal %d: aborting requests in flight and stopping the engine", sig)
+            self.engine.shutdown(timeout=0)  # does not block: the engine thread aborts and stops
+        super().handle_exit(sig, frame)
+
+
+def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
+    """Build the engine, then serve it until SIGINT/SIGTERM. Returns the exit status."""
+    llm = LLMEngine(config)
+    engine = AsyncEngine(llm)
+    model_name = config.served_model_name or llm.loaded.name
+    num_tokens = llm.kv_plan.num_blocks * config.block_size
+    logger.info(
+        "serving %s on %s (dtype %s, max_model_len %d); KV cache: %d blocks = %d tokens, max concurrency at max length %.1fx",
+        model_name,
+        llm.platform.name,
+        config.dtype,
+        config.max_model_len,
+        llm.kv_plan.num_blocks,
+        num_tokens,
+        num_tokens / config.max_model_len,
+    )
+    fe = Frontend(engine, model_name, args.max_queue_len)
+    app = build_app(fe, args.api_key, args.max_request_bytes)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        log_config=None,  # keep the CLI's logging setup
+    )
+    server = _Server(uv_config, engine)
+    server.run()
+    engine.shutdown()
+    return 0

@@ -1,0 +1,144 @@
+"""``POST /v1/chat/completions``: the model's chat template, then one engine request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from core.outputs import CompletionOutput, Logprob, RequestOutput
+from core.server.errors import APIError, bad_request
+from core.server.frontend import Frontend, Ticket
+from core.server.params import chat_params
+from core.server.protocol import ChatCompletionRequest
+from core.server.responses import error_event, usage
+from core.server.streaming import ChoiceCursor, SSEResponse, collect, sse, until_disconnected
+
+
+def chat_logprobs(fe: Frontend, token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> dict[str, list]:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def item(token_id: int, lp: Logprob) -> dict[str, Any]:
+        text = fe.token_text(token_id)
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for token_id, entry in zip(token_ids, entries, strict=False):
+        top = sorted(
+            ((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= top_n), key=lambda kv: kv[1].rank
+        )
+        content.append({**item(token_id, entry[token_id]), "top_logprobs": [item(t, lp) for t, lp in top]})
+    return {"content": content}
+
+
+class ChatHandler:
+    """Validates, admits and runs one chat completions request."""
+
+    def __init__(self, fe: Frontend, req: ChatCompletionRequest) -> None:
+        self.fe = fe
+        self.req = req
+        self.id = fe.new_id("chatcmpl")
+        self.created = int(time.time())
+
+    async def __call__(self, raw: Request) -> Any:
+        fe, req = self.fe, self.req
+        fe.check_model(req.model)
+        if req.tools:
+            raise bad_request("tools (function calling) are not supported", "tools")
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            raise bad_request("response_format other than {'type': 'text'} is not supported", "response_format")
+        params = chat_params(req, fe.vocab_size)
+        ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template)
+        fe.check_length(len(ids), params.max_tokens)
+        (ticket,) = fe.admit(1)
+        stream = fe.generate(self.id, params, ids, ticket)
+        if req.stream:
+            return SSEResponse(self._stream(stream, ticket))
+        try:
+            final = await until_disconnected(raw, collect(stream))
+        finally:
+            ticket.release()
+        return JSONResponse(self._response(final))
+
+    def _logprobs(self, token_ids: list[int], entries: list | None) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        return chat_logprobs(self.fe, token_ids, entries or [], self.req.top_logprobs or 0)
+
+    def _response(self, final: RequestOutput) -> dict[str, Any]:
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": self._logprobs(c.token_ids, c.logprobs),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in final.outputs
+        ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+            "usage": usage([final]),
+        }
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+        }
+
+    def _delta(self, c: CompletionOutput, cursor: ChoiceCursor) -> dict[str, Any] | None:
+        text, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
+        if not text and c.finish_reason is None and not (self.req.logprobs and new_ids):
+            return None
+        cursor.is_finished = c.finish_reason is not None
+        return {
+            "index": c.index,
+            "delta": {"content": text} if text else {},
+            "logprobs": self._logprobs(new_ids, entries),
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+
+    async def _stream(self, stream: AsyncIterator[RequestOutput], ticket: Ticket) -> AsyncIterator[str]:
+        n = self.req.n
+        cursors = [ChoiceCursor() for _ in range(n)]
+        # the role goes first, as OpenAI sends it
+        yield sse(
+            self._chunk(
+                [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(n)
+                ]
+            )
+        )
+        final = None
+        try:
+            async for out in stream:
+                deltas = [
+                    d
+                    for c in out.outputs
+                    if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index]))
+                ]
+                if deltas:
+                    yield sse(self._chunk(deltas))
+                final = out
+            options = self.req.stream_options
+            if options is not None and options.include_usage and final is not None:
+                yield sse({**self._chunk([]), "usage": usage([final])})
+        except (APIError, ValueError, RuntimeError) as exc:
+            yield error_event(exc)
+        finally:
+            ticket.release()
+            await stream.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")

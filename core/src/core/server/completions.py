@@ -1,0 +1,199 @@
+"""``POST /v1/completions``: one engine request per prompt, answered whole or streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from core.outputs import Logprob, RequestOutput
+from core.server.errors import APIError, bad_request
+from core.server.frontend import Frontend, Ticket
+from core.server.params import completion_params
+from core.server.protocol import CompletionRequest
+from core.server.responses import error_event, usage
+from core.server.streaming import ChoiceCursor, SSEResponse, collect, merge, sse, until_disconnected
+
+
+def completion_logprobs(
+    fe: Frontend, token_ids: list[int], entries: list[dict[int, Logprob] | None], top_n: int, offset: int
+) -> dict[str, list]:
+    """OpenAI's completions ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset."""
+    result: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token_id, entry in zip(token_ids, entries, strict=False):
+        text = fe.token_text(token_id)
+        result["tokens"].append(text)
+        result["text_offset"].append(offset)
+        offset += len(text)
+        if entry is None:  # the first prompt token: nothing predicts it
+            result["token_logprobs"].append(None)
+            result["top_logprobs"].append(None)
+            continue
+        own = entry.get(token_id)
+        result["token_logprobs"].append(own.logprob if own is not None else None)
+        top = sorted(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 0)
+        result["top_logprobs"].append(
+            {
+                fe.token_text(t): lp.logprob
+                for t, lp in top
+                if t == token_id or (lp.rank is not None and lp.rank <= top_n)
+            }
+        )
+    return result
+
+
+def _merge_logprobs(a: dict[str, list] | None, b: dict[str, list]) -> dict[str, list]:
+    return b if a is None else {key: a[key] + b[key] for key in a}
+
+
+async def _prompts(fe: Frontend, prompt: Any) -> list[tuple[str | None, list[int]]]:
+    """``(text or None, token ids)`` for each prompt of the request."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(prompt[0], int):
+        return [(None, list(prompt))]
+    if isinstance(prompt[0], str):
+        return [(text, await fe.tokenize(text)) for text in prompt]
+    return [(None, list(ids)) for ids in prompt]
+
+
+class CompletionHandler:
+    """Validates, admits and runs one completions request."""
+
+    def __init__(self, fe: Frontend, req: CompletionRequest) -> None:
+        self.fe = fe
+        self.req = req
+        self.id = fe.new_id("cmpl")
+        self.created = int(time.time())
+
+    async def __call__(self, raw: Request) -> Any:
+        fe, req = self.fe, self.req
+        fe.check_model(req.model)
+        params = completion_params(req, fe.vocab_size)
+        prompts = await _prompts(fe, req.prompt)
+        for _, ids in prompts:
+            fe.check_length(len(ids), params.max_tokens)
+        self.echo_texts = []
+        if req.echo:
+            self.echo_texts = [text if text is not None else await fe.detokenize(ids) for text, ids in prompts]
+        tickets = fe.admit(len(prompts))
+        streams = [
+            fe.generate(f"{self.id}-{i}", params, ids, t)
+            for i, ((_, ids), t) in enumerate(zip(prompts, tickets, strict=True))
+        ]
+        if req.stream:
+            return SSEResponse(self._stream(streams, tickets))
+        try:
+            finals = await until_disconnected(raw, _gather(streams))
+        finally:
+            for t in tickets:
+                t.release()
+        return JSONResponse(self._response(finals))
+
+    def _choice(self, prompt_index: int, out: RequestOutput, c: Any, cursor: ChoiceCursor | None) -> dict[str, Any]:
+        """One choice: the whole completion (cursor None) or what is new since the cursor."""
+        req = self.req
+        is_first = cursor is None or not cursor.is_started
+        echo_text = self.echo_texts[prompt_index] if req.echo else ""
+        offset = len(echo_text) + (cursor.num_chars if cursor is not None else 0)
+        if cursor is None:
+            text, new_ids, entries = c.text, c.token_ids, c.logprobs
+        else:
+            text, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
+        logprobs = None
+        if req.logprobs is not None:
+            if req.echo and is_first:
+                prompt_entries = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+                logprobs = completion_logprobs(self.fe, out.prompt_token_ids, prompt_entries, req.logprobs, 0)
+            logprobs = _merge_logprobs(
+                logprobs, completion_logprobs(self.fe, new_ids, entries or [], req.logprobs, offset)
+            )
+        choice = {
+            "index": prompt_index * req.n + c.index,
+            "text": (echo_text if is_first else "") + text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        if req.prompt_logprobs is not None and is_first:
+            choice["prompt_logprobs"] = _prompt_logprobs_json(out)
+        return choice
+
+    def _response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        choices = [self._choice(i, out, c, None) for i, out in enumerate(finals) for c in out.outputs]
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+            "usage": usage(finals),
+        }
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+        }
+
+    async def _stream(self, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> AsyncIterator[str]:
+        cursors: dict[tuple[int, int], ChoiceCursor] = {}
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in merge(streams):
+                choices = []
+                for c in out.outputs:
+                    cursor = cursors.setdefault((i, c.index), ChoiceCursor())
+                    if cursor.is_finished:
+                        continue
+                    choice = self._choice(i, out, c, cursor)
+                    cursor.is_finished = c.finish_reason is not None
+                    if (
+                        choice["text"]
+                        or choice["finish_reason"]
+                        or (choice["logprobs"] and choice["logprobs"]["tokens"])
+                    ):
+                        cursor.is_started = True
+                        choices.append(choice)
+                if choices:
+                    yield sse(self._chunk(choices))
+                if out.finished:
+                    finals[i] = out
+            options = self.req.stream_options
+            if options is not None and options.include_usage:
+                yield sse({**self._chunk([]), "usage": usage(list(finals.values()))})
+        except (APIError, ValueError, RuntimeError) as exc:
+            yield error_event(exc)
+        finally:
+            for t in tickets:
+                t.release()
+            for s in streams:
+                await s.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")
+
+
+async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    return list(await asyncio.gather(*(collect(s) for s in streams)))
+
+
+def _prompt_logprobs_json(out: RequestOutput) -> list | None:
+    if out.prompt_logprobs is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in entry.items()
+        }
+        for entry in out.prompt_logprobs
+    ]

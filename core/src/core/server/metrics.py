@@ -1,0 +1,154 @@
+"""Prometheus metrics, named like vLLM's (``core:`` for ``vllm:``).
+
+Gauges and the prefix-cache counters are read from the engine's stats snapshot at scrape
+time; token counters and latency histograms are fed per request by :class:`RequestTracker`
+from the engine's own timestamps (so they measure the engine, not the event loop). Each
+server owns its registry: no process-wide state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from core.outputs import RequestOutput
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
+
+
+class _EngineStatsCollector:
+    """Reads the engine's stats snapshot on every scrape."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+        self.stats = stats
+        self.labels = {"model_name": model_name}
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        names = list(self.labels)
+        values = list(self.labels.values())
+        for name, doc, value in (
+            ("core:num_requests_running", "Requests in the running batch.", s["num_running"]),
+            (
+                "core:num_requests_waiting",
+                "Requests waiting to be scheduled (pending admission included).",
+                s["num_waiting"],
+            ),
+            ("core:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", s["kv_usage"]),
+            ("core:prefix_cache_hit_rate", "Prefix cache hits / queries, in blocks, since start.", _ratio(s)),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=names)
+            gauge.add_metric(values, float(value))
+            yield gauge
+        for name, doc, value in (
+            ("core:prefix_cache_queries", "Blocks looked up in the prefix cache.", s["prefix_cache_queries"]),
+            ("core:prefix_cache_hits", "Blocks found in the prefix cache.", s["prefix_cache_hits"]),
+            ("core:num_preemptions", "Sequences preempted for lack of KV cache.", s["num_preemptions"]),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+
+
+def _ratio(stats: dict[str, Any]) -> float:
+    queries = stats["prefix_cache_queries"]
+    return stats["prefix_cache_hits"] / queries if queries else 0.0
+
+
+class ServerMetrics:
+    """The metrics of one server; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineStatsCollector(stats, model_name))
+        label = ["model_name"]
+
+        def counter(name: str, doc: str, labels: list[str] = label) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, label, buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.prompt_tokens = counter("core:prompt_tokens", "Prompt tokens processed.").labels(model_name)
+        self.generation_tokens = counter("core:generation_tokens", "Tokens generated.").labels(model_name)
+        self._success = counter(
+            "core:request_success", "Requests finished, by finish reason.", ["model_name", "finished_reason"]
+        )
+        self.model_name = model_name
+        self.ttft = histogram("core:time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram(
+            "core:inter_token_latency_seconds", "Time between two tokens of a request.", _LATENCY_BUCKETS
+        )
+        self.e2e = histogram("core:e2e_request_latency_seconds", "Arrival to the last token.", _E2E_BUCKETS)
+        self.queue_time = histogram("core:request_queue_time_seconds", "Arrival to first scheduled.", _E2E_BUCKETS)
+
+    def request_success(self, finished_reason: str) -> None:
+        """Count a finished request under its finish reason."""
+        self._success.labels(self.model_name, finished_reason).inc()
+
+    def track(self) -> RequestTracker:
+        """A tracker for one engine request: feed it every output the request yields."""
+        return RequestTracker(self)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Turns the cumulative outputs of one request into counter and histogram updates."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.num_tokens = 0
+        self.last_token_time: float | None = None
+        self.has_prompt = False
+
+    def observe(self, out: RequestOutput) -> None:
+        m = self.metrics
+        if not self.has_prompt:
+            self.has_prompt = True
+            m.prompt_tokens.inc(len(out.prompt_token_ids))
+        num_tokens = sum(len(c.token_ids) for c in out.outputs)
+        if num_tokens > self.num_tokens:
+            m.generation_tokens.inc(num_tokens - self.num_tokens)
+            self.num_tokens = num_tokens
+        metrics = out.metrics
+        if metrics is not None and metrics.last_token_time is not None:
+            if self.last_token_time is None and metrics.first_token_time is not None:
+                m.ttft.observe(max(0.0, metrics.first_token_time - metrics.arrival_time))
+                if metrics.time_in_queue is not None:
+                    m.queue_time.observe(metrics.time_in_queue)
+            elif self.last_token_time is not None and metrics.last_token_time > self.last_token_time:
+                m.itl.observe(metrics.last_token_time - self.last_token_time)
+            self.last_token_time = metrics.last_token_time
+        if out.finished:
+            reasons = {c.finish_reason or "abort" for c in out.outputs}
+            m.request_success(reasons.pop() if len(reasons) == 1 else "mixed")
+            if metrics is not None:
+                end = metrics.finished_time or metrics.last_token_time
+                if end is not None:
+                    m.e2e.observe(max(0.0, end - metrics.arrival_time))
