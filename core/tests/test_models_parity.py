@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
 from core.loader import load_model
 from core.models.standalone import StandaloneRunner
 from plugins.kernels import Kernels
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 TINY = dict(
     vocab_size=160,

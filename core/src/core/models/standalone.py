@@ -8,7 +8,6 @@ exactly as the engine's runner does.
 from __future__ import annotations
 
 import torch
-
 from plugins.attention import AttentionMetadata
 
 
