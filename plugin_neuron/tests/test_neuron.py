@@ -7,7 +7,8 @@ import plugins.hookspecs
 import pytest
 import torch
 from plugin_neuron.buckets import check_buckets, default_buckets, select_bucket
-from plugin_neuron.platform import NeuronPlatform, NeuronRunner, probe
+from plugin_neuron.platform import NeuronPlatform, probe
+from plugin_neuron.runner import NeuronRunner
 from plugins.attention import AttentionMetadata
 from plugins.runner import ModelInputs
 

@@ -14,7 +14,6 @@ import os
 from typing import Any
 
 from plugins.env import parse_int_list
-from plugins.runner import ModelInputs, Runner
 
 import plugins
 from plugin_neuron.buckets import check_buckets, default_buckets
@@ -30,23 +29,6 @@ def probe(has_torch_neuronx: bool, devices: list[str]) -> str | None:
     if not devices:
         return "no Neuron device found (/dev/neuron*): not a trn1/trn2/inf2 instance, or the driver is not loaded"
     return None
-
-
-class NeuronRunner(Runner):
-    """Decode batches run at the compiled batch size ``max_num_seqs``."""
-
-    def __init__(self, platform: Any) -> None:
-        super().__init__(platform)
-        self.batch_size: int | None = None
-
-    def prepare(self, model: Any, kv_caches: list[Any], config: Any) -> None:
-        self.batch_size = config.max_num_seqs
-
-    def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
-        meta = inputs.attn_metadata
-        if self.batch_size is None or not meta.is_decode_only or meta.num_seqs > self.batch_size:
-            return None
-        return self.batch_size
 
 
 class NeuronPlatform(plugins.Platform):
@@ -111,4 +93,6 @@ class NeuronPlatform(plugins.Platform):
             logger.info("Neuron buckets: context %s, token generation %s", context, token_gen)
 
     def make_runner(self):
+        from plugin_neuron.runner import NeuronRunner
+
         return NeuronRunner(self)
