@@ -122,19 +122,19 @@ def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator |
     Row i's noise comes from ``generators[i]`` when given (reproducible whatever else
     is in the batch), else from the device's default generator.
     """
+    # E = -log(U), U ~ U[0, 1): cheaper than exponential_() on CPUs, and E > 0
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if len(unseeded) == len(generators):
-        noise.exponential_()
+        noise.uniform_()
     else:
         for i, gen in enumerate(generators):
             if gen is not None:
-                noise[i].exponential_(generator=gen)
+                noise[i].uniform_(generator=gen)
         if unseeded:
             rows = torch.tensor(unseeded, device=probs.device)
-            noise[rows] = torch.empty_like(probs[rows]).exponential_()
-    # an Exp(1) draw can be exactly 0; keep the division finite and NaN-free
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+            noise[rows] = torch.empty_like(probs[rows]).uniform_()
+    noise.log_().neg_()
     return (probs / noise).argmax(dim=-1)
 
 
@@ -231,22 +231,39 @@ def apply_penalties(
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Mask (to -inf) tokens outside each row's top-k, then outside its top-p nucleus.
 
-    ``top_k`` [N] int (V = off) keeps every token >= the k-th largest logit (ties kept);
-    ``top_p`` [N] float (1 = off) keeps the smallest set of most likely tokens whose
-    probability reaches p, and always the most likely token.
+    ``top_k`` [N] int (>= V = off) keeps every token >= the k-th largest logit (ties
+    kept); ``top_p`` [N] float (1 = off) keeps the smallest set of most likely tokens
+    whose probability reaches p (renormalised after top-k), always the most likely one.
+    Full-vocabulary sorts are avoided where top-k bounds the candidates.
     """
-    sorted_logits, order = logits.sort(dim=-1)  # ascending
     vocab_size = logits.shape[1]
+    max_candidates = vocab_size
     if top_k is not None:
-        kth_index = (vocab_size - top_k.clamp(1, vocab_size)).unsqueeze(1)
-        kth_value = sorted_logits.gather(1, kth_index)
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_value, float("-inf"))
+        top_k = top_k.clamp(1, vocab_size)
+        enabled = top_k < vocab_size
+        max_k = int(torch.where(enabled, top_k, 1).max())
+        kth = logits.topk(max_k, dim=-1).values.gather(1, (top_k.clamp(max=max_k) - 1).unsqueeze(1))
+        kth = kth.masked_fill(~enabled.unsqueeze(1), float("-inf"))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+        max_candidates = max_k if bool(enabled.all()) else vocab_size
     if top_p is not None:
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        outside = cumulative <= (1 - top_p).unsqueeze(1)
-        outside[:, -1] = False
-        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        rows = torch.nonzero(top_p < 1).flatten()
+        if rows.numel():
+            logits = logits.clone()
+            logits[rows] = _top_p(logits[rows], top_p[rows], max_candidates)
+    return logits
+
+
+def _top_p(logits: torch.Tensor, top_p: torch.Tensor, max_candidates: int) -> torch.Tensor:
+    """Top-p over rows with at most ``max_candidates`` finite logits each."""
+    if max_candidates < logits.shape[1]:
+        values, ids = logits.topk(max_candidates, dim=-1)
+    else:
+        values, ids = logits.sort(dim=-1, descending=True)
+    probs = values.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
+    values = values.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, ids, values)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
