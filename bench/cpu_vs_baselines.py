@@ -1,0 +1,190 @@
+"""This engine vs llama.cpp vs transformers on one CPU, in one invocation.
+
+    python bench/cpu_vs_baselines.py                 # default model, 2 threads, rewrites bench/RESULTS.md
+
+Each part (floors, llama.cpp, transformers, each engine configuration, serving) runs in
+its own subprocess pinned to the same ``--threads`` CPUs; a part that fails is reported
+and the others still run. llama.cpp is built once into ``~/.cache/core-bench`` (see
+``bench/llamacpp.py``); not for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, render_markdown  # noqa: E402
+
+
+def _decode_prompt(vocab: int, seed: int) -> list[int]:
+    from core.bench.stats import random_prompts
+
+    return random_prompts(1, 8, vocab, seed)[0]
+
+
+def part_floors(a: argparse.Namespace) -> dict:
+    import floors
+
+    shape = floors.read_gguf_shape(a.model_path)
+    bw, rate = floors.memory_bandwidth(a.threads), floors.matmul_rate(a.threads)
+    flops = floors.workload_flops(shape, a.num_seqs, a.prompt_len, a.gen_len)
+    return {
+        "bandwidth_gb_s": bw / 1e9, "matmul_gflop_s": rate / 1e9, "gguf_mb": shape.file_bytes / 1e6,
+        "params": shape.params, "vocab": shape.embed_params // shape.attn_width,
+        "decode_floor_gguf": bw / shape.file_bytes, "decode_floor_fp32": bw / (4 * shape.params),
+        "workload_gflop": flops / 1e9, "compute_ceiling_tok_s": a.num_seqs * a.gen_len / (flops / rate),
+        "machine": floors.machine_info(),
+    }  # fmt: skip
+
+
+def part_llamacpp(a: argparse.Namespace) -> dict:
+    import llamacpp
+
+    paths = llamacpp.ensure_llamacpp()
+    decode = llamacpp.python_decode(paths["python"], paths["lib"], a.model_path, a.threads, a.decode_tokens)
+    rows = llamacpp.batched_bench(paths["bench"], a.model_path, a.threads, a.prompt_len, a.gen_len, [1, a.num_seqs])
+    big = next(r for r in rows if r["pl"] == a.num_seqs)
+    one = next(r for r in rows if r["pl"] == 1)
+    return {
+        "version": paths["version"], "decode_tok_s": decode, "bench_decode_tok_s": one["speed_tg"],
+        "batched_output_tok_s": big["pl"] * big["tg"] / big["t"], "batched_rows": rows,
+    }  # fmt: skip
+
+
+def part_hf(a: argparse.Namespace) -> dict:
+    import hf_baseline
+    from core.bench.stats import random_prompts
+
+    model, tok = hf_baseline.load(a.model_path, a.threads)
+    vocab = min(model.config.vocab_size, len(tok))
+    prompts = random_prompts(a.num_seqs, a.prompt_len, vocab, a.seed, exclude=tok.all_special_ids)
+    result = {"decode_tok_s": hf_baseline.decode_tok_s(model, _decode_prompt(vocab, a.seed), a.decode_tokens)}
+    result.update(hf_baseline.batched_gen_tok_s(model, prompts, a.gen_len))
+    return result
+
+
+def part_engine(a: argparse.Namespace) -> dict:
+    import engine_part
+
+    q = None if a.quantization == "none" else a.quantization
+    vocab = json.loads(a.context)["vocab"]
+    prompt = _decode_prompt(vocab, a.seed)
+    return engine_part.measure(a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed)
+
+
+def part_serve(a: argparse.Namespace) -> dict:
+    import serve_part
+
+    q = None if a.quantization == "none" else a.quantization
+    vocab = json.loads(a.context)["vocab"]
+    return serve_part.measure(a.model, q, a.num_seqs, a.prompt_len, a.gen_len, vocab, a.seed)
+
+
+PARTS = {"floors": part_floors, "llamacpp": part_llamacpp, "hf": part_hf, "engine": part_engine, "serve": part_serve}
+
+
+def run_part(a: argparse.Namespace, name: str, quantization: str = "none", context: dict | None = None) -> dict:
+    """Run one part in a subprocess on the benchmark CPUs; its result, or ``{"error": ...}``."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--part",
+        name,
+        "--quantization",
+        quantization,
+        "--context",
+        json.dumps(context or {}),
+    ]
+    cmd += _common_args(a)
+    cpus = f"0-{a.threads - 1}"
+    env = os.environ | {"CORE_CPU_OMP_THREADS_BIND": cpus, "OMP_NUM_THREADS": str(a.threads)}
+    label = name if name in ("floors", "llamacpp", "hf") else f"{name}:{quantization}"
+    print(f"== {label} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(["taskset", "-c", cpus, *cmd], stdout=subprocess.PIPE, text=True, env=env)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit code {proc.returncode}: {proc.stdout[-500:]}"}
+
+
+def _common_args(a: argparse.Namespace) -> list[str]:
+    args = ["--threads", str(a.threads), "--num-seqs", str(a.num_seqs), "--prompt-len", str(a.prompt_len)]
+    args += ["--gen-len", str(a.gen_len), "--decode-tokens", str(a.decode_tokens), "--seed", str(a.seed)]
+    return args + (["--model", a.model] if a.model else [])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="GGUF file (default: the SmolLM2-135M-Instruct Q4_1 GGUF)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--num-seqs", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=128, help="tokens timed in batch-1 decode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-quant", default="gguf,int8", help="engine configurations: gguf, int8, none (fp32)")
+    p.add_argument("--serve-quant", default="gguf", help="configuration served through core serve ('' to skip)")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve")
+    p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="markdown file to rewrite ('' = don't)")
+    p.add_argument("--json", default=None, help="also write every raw figure here")
+    p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
+    p.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--context", default="{}", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    from core.loader.source import resolve_model
+
+    a.model_path = str(resolve_model(a.model))
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.part:
+        print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
+        return 0
+    skip = set(filter(None, a.skip.split(",")))
+    data: dict = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "bench/cpu_vs_baselines.py", *(argv if argv is not None else sys.argv[1:])]),
+        "setup": {"threads": a.threads, "model": a.model_path, "num_seqs": a.num_seqs, "prompt_len": a.prompt_len,
+                  "gen_len": a.gen_len, "decode_tokens": a.decode_tokens},
+    }  # fmt: skip
+    data["floors"] = run_part(a, "floors")
+    data["machine"] = data["floors"].pop("machine", {})
+    context = {"vocab": data["floors"].get("vocab", 1000)}
+    for name in ("llamacpp", "hf"):
+        if name not in skip:
+            data[name] = run_part(a, name)
+    for q in filter(None, a.engine_quant.split(",")) if "engine" not in skip else ():
+        data[f"engine:{q}"] = run_part(a, "engine", q, context)
+    for q in filter(None, a.serve_quant.split(",")) if "serve" not in skip else ():
+        data[f"serve:{q}"] = run_part(a, "serve", q, context)
+    report(data)
+    if a.results:
+        Path(a.results).write_text(render_markdown(data))
+    if a.json:
+        Path(a.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return 0
+
+
+def report(data: dict) -> None:
+    from core.bench.report import format_table
+
+    print(format_table(["physical limit", "value"], floors_rows(data)))
+    print()
+    print(format_table(COMPARE_HEADER, compare_rows(data)))
+    print()
+    print(format_table(["figure", "value"], extra_rows(data) or [["-", "-"]]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Hugging Face transformers baseline: ``generate`` in float32 on the GGUF's weights (dequantized)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def load(gguf_path: str, threads: int):
+    """``(model, tokenizer)`` from the GGUF file, float32, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    path = Path(gguf_path)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def _generate_time(model, input_ids, new_tokens: int) -> float:
+    import torch
+
+    mask = torch.ones_like(input_ids)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if out.shape[1] - input_ids.shape[1] != new_tokens:
+        raise RuntimeError(f"generate made {out.shape[1] - input_ids.shape[1]} tokens, asked for {new_tokens}")
+    return elapsed
+
+
+def decode_tok_s(model, prompt_ids: list[int], n_gen: int) -> float:
+    """Batch-1 decode rate: (time for n_gen + 1 tokens - time for 1 token) spread over n_gen."""
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    _generate_time(model, ids, 2)  # warm-up
+    first = min(_generate_time(model, ids, 1) for _ in range(2))
+    full = _generate_time(model, ids, n_gen + 1)
+    return n_gen / (full - first)
+
+
+def batched_gen_tok_s(model, prompts: list[list[int]], n_gen: int) -> dict[str, float]:
+    """All prompts (equal lengths, no padding) in one ``generate`` batch: generated tok/s incl. prefill."""
+    import torch
+
+    ids = torch.tensor(prompts)
+    elapsed = _generate_time(model, ids, n_gen)
+    return {"elapsed_s": elapsed, "output_tok_s": len(prompts) * n_gen / elapsed}

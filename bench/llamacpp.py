@@ -1,0 +1,142 @@
+"""llama.cpp baseline: a cached build of the llama-cpp-python sdist's vendored llama.cpp.
+
+One cmake build under ``~/.cache/core-bench/`` (override with ``CORE_BENCH_CACHE``) gives
+``llama-batched-bench`` and the shared ``libllama``; llama-cpp-python goes into its own
+venv there with ``LLAMA_BUILD=OFF`` and loads that library through
+``LLAMA_CPP_LIB_PATH``, so llama.cpp compiles once (several minutes on 2 cores) and the
+project's venv never sees it. Nothing here runs in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+PACKAGE = "llama-cpp-python"
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_COMMON=ON",
+]  # fmt: skip
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CORE_BENCH_CACHE", Path.home() / ".cache" / "core-bench"))
+
+
+def _run(cmd: list[str], log: Path, **kwargs) -> None:
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(map(str, cmd))}\n")
+        out.flush()
+        result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, **kwargs)
+    if result.returncode:
+        raise RuntimeError(f"{cmd[0]} failed with exit code {result.returncode}; see {log}")
+
+
+def _sdist(cache: Path, log: Path) -> Path:
+    found = sorted((cache / "sdist").glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                PACKAGE,
+                "-d",
+                str(cache / "sdist"),
+            ],
+            log,
+        )
+        found = sorted((cache / "sdist").glob("llama_cpp_python-*.tar.gz"))
+    return found[-1]
+
+
+def ensure_llamacpp() -> dict[str, Any]:
+    """Download, unpack and build once; return the paths of the cached pieces.
+
+    Keys: ``bench`` (llama-batched-bench), ``lib`` (the folder with libllama.so),
+    ``python`` (the separate venv's interpreter, with llama-cpp-python), ``version``.
+    """
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    log = cache / "setup.log"
+    sdist = _sdist(cache, log)
+    src = cache / "src" / sdist.name.removesuffix(".tar.gz")
+    if not src.exists():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(cache / "src", filter="data")
+    build = cache / "build"
+    bench, lib = build / "bin" / "llama-batched-bench", build / "bin"
+    if not bench.exists() or not (lib / "libllama.so").exists():
+        print(f"building llama.cpp from {sdist.name} into {build} (minutes; log: {log})", file=sys.stderr)
+        _run(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS], log)
+        jobs = str(os.cpu_count() or 2)
+        _run(["cmake", "--build", str(build), "-j", jobs, "--target", "llama-batched-bench", "llama"], log)
+    venv = cache / "venv"
+    python = venv / "bin" / "python"
+    if (
+        subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True, env=_lib_env(lib)).returncode
+        if python.exists()
+        else True
+    ):
+        _run([sys.executable, "-m", "venv", str(venv)], log)
+        env = os.environ | {"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
+        _run([str(python), "-m", "pip", "install", "--quiet", str(sdist)], log, env=env)
+    return {"bench": bench, "lib": lib, "python": python, "version": sdist.name.removesuffix(".tar.gz").split("-")[-1]}
+
+
+def _lib_env(lib: Path) -> dict[str, str]:
+    return os.environ | {"LLAMA_CPP_LIB_PATH": str(lib)}
+
+
+def batched_bench(bench: Path, model: str, threads: int, n_prompt: int, n_gen: int, parallel: list[int]) -> list[dict]:
+    """Run llama-batched-bench; one dict per parallel level (its jsonl fields)."""
+    ctx = max(parallel) * (n_prompt + n_gen) + 64
+    cmd = [
+        str(bench), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_gen),
+        "-npl", ",".join(map(str, parallel)), "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"llama-batched-bench failed ({result.returncode}): {result.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (result.stdout + result.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    if not rows:
+        raise RuntimeError(f"llama-batched-bench printed no results: {result.stdout[-1000:]}")
+    return rows
+
+
+_DECODE = """
+import json, sys, time
+from llama_cpp import Llama
+model, threads, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False)
+prompt = llm.tokenize(b"The history of the city begins", add_bos=True)
+best = 0.0
+for _ in range(2):
+    llm.reset()
+    stamps = []
+    for _tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+        stamps.append(time.perf_counter())
+        if len(stamps) == n_gen + 1:
+            break
+    best = max(best, n_gen / (stamps[-1] - stamps[0]))
+print(json.dumps({"decode_tok_s": best}))
+"""
+
+
+def python_decode(python: Path, lib: Path, model: str, threads: int, n_gen: int) -> float:
+    """Batch-1 decode tok/s of llama-cpp-python (best of two runs; prefill excluded)."""
+    cmd = [str(python), "-c", _DECODE, model, str(threads), str(n_gen)]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_lib_env(lib))
+    if result.returncode:
+        raise RuntimeError(f"llama-cpp-python decode failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["decode_tok_s"]

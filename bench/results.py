@@ -1,0 +1,121 @@
+"""Turn the measured figures into the comparison tables (console and bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def _get(data: dict, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def floors_rows(d: dict) -> list[list[str]]:
+    f = d.get("floors") or {}
+    return [
+        ["memory bandwidth (copy, read+write)", f"{_num(_get(f, 'bandwidth_gb_s'))} GB/s"],
+        ["fp32 matmul rate (torch, 1024^3)", f"{_num(_get(f, 'matmul_gflop_s'))} GFLOP/s"],
+        ["GGUF weights (as stored)", f"{_num(_get(f, 'gguf_mb'))} MB"],
+        ["batch-1 decode floor, GGUF bytes / bandwidth", f"{_num(_get(f, 'decode_floor_gguf'))} tok/s"],
+        ["batch-1 decode floor, fp32 bytes / bandwidth", f"{_num(_get(f, 'decode_floor_fp32'))} tok/s"],
+        ["32x(128+128) workload FLOPs", f"{_num(_get(f, 'workload_gflop'))} GFLOP"],
+        ["32x(128+128) compute ceiling, generated tok/s", f"{_num(_get(f, 'compute_ceiling_tok_s'))} tok/s"],
+    ]
+
+
+def compare_rows(d: dict) -> list[list[str]]:
+    """One row per system: decode tok/s, 32-way generated tok/s, and ratios against the floors."""
+    f = d.get("floors") or {}
+    llama_dec = _get(d, "llamacpp", "decode_tok_s")
+    llama_32 = _get(d, "llamacpp", "batched_output_tok_s")
+    hf_dec, hf_32 = _get(d, "hf", "decode_tok_s"), _get(d, "hf", "output_tok_s")
+    ceiling = _get(f, "compute_ceiling_tok_s")
+    rows = []
+    for key, res in sorted(d.items()):
+        if not key.startswith("engine:") or "error" in res:
+            continue
+        floor = (
+            _get(f, "bandwidth_gb_s") * 1e9 / res["weights_bytes"]
+            if _get(f, "bandwidth_gb_s") and res.get("weights_bytes")
+            else None
+        )
+        dec, tp = res.get("decode_tok_s"), res.get("output_tok_s")
+        rows.append([f"core ({key.split(':', 1)[1]})", _num(dec), _ratio(dec, floor), _ratio(dec, llama_dec), _ratio(dec, hf_dec),
+                     _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32)])  # fmt: skip
+    for key, res in sorted(d.items()):
+        if key.startswith("serve:") and "error" not in res:
+            offline = _get(d, "engine:" + key.split(":", 1)[1], "output_tok_s")
+            tp = res.get("output_tok_s")
+            rows.append([f"core serve ({key.split(':', 1)[1]}), 32 streams", "-", "-", "-", "-", _num(tp),
+                         _ratio(tp, ceiling), _ratio(tp, llama_32), f"{_ratio(tp, offline)} of offline"])  # fmt: skip
+    llama_floor = _get(f, "decode_floor_gguf")
+    rows.append(["llama.cpp (llama-cpp-python / batched-bench)", _num(llama_dec), _ratio(llama_dec, llama_floor), "1.00x",
+                 _ratio(llama_dec, hf_dec), _num(llama_32), _ratio(llama_32, ceiling), "1.00x", _ratio(llama_32, hf_32)])  # fmt: skip
+    hf_floor = _get(f, "decode_floor_fp32")
+    rows.append(["transformers generate (fp32)", _num(hf_dec), _ratio(hf_dec, hf_floor), _ratio(hf_dec, llama_dec), "1.00x",
+                 _num(hf_32), _ratio(hf_32, ceiling), _ratio(hf_32, llama_32), "1.00x"])  # fmt: skip
+    return rows
+
+
+COMPARE_HEADER = ["system", "b1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF",
+                  "32x gen tok/s", "vs compute", "vs llama.cpp", "vs HF"]  # fmt: skip
+
+
+def extra_rows(d: dict) -> list[list[str]]:
+    """Secondary figures: llama-batched-bench batch-1 decode, serving latencies, errors."""
+    rows = []
+    if _get(d, "llamacpp", "bench_decode_tok_s") is not None:
+        rows.append(["llama-batched-bench batch-1 S_TG", f"{_num(d['llamacpp']['bench_decode_tok_s'])} tok/s"])
+    for key, res in sorted(d.items()):
+        if key.startswith("serve:") and "level" in res:
+            lv = res["level"]
+            rows.append([f"{key} TTFT p50/p99", f"{_num(lv['ttft_ms']['p50'])} / {_num(lv['ttft_ms']['p99'])} ms"])
+            rows.append([f"{key} ITL p50/p99", f"{_num(lv['itl_ms']['p50'])} / {_num(lv['itl_ms']['p99'])} ms"])
+    for key, res in sorted(d.items()):
+        if isinstance(res, dict) and "error" in res:
+            rows.append([f"{key} FAILED", res["error"].splitlines()[-1][:300] if res["error"] else "?"])
+    return rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def render_markdown(d: dict) -> str:
+    """The whole bench/RESULTS.md."""
+    m = d.get("machine") or {}
+    setup = d.get("setup") or {}
+    return "\n\n".join([
+        "# CPU benchmark: core vs llama.cpp vs transformers",
+        "Written by `bench/cpu_vs_baselines.py`; rerun it to refresh every figure below (one invocation, same machine, "
+        "same model, same thread count).",
+        f"- date: {d.get('date')}\n- command: `{d.get('command')}`\n- CPU: {m.get('cpu')} ({m.get('logical_cpus')} logical CPUs "
+        f"visible), flags: {m.get('flags')}\n- threads: {setup.get('threads')}\n- model: {setup.get('model')}\n"
+        f"- workload: batch-1 decode of {setup.get('decode_tokens')} tokens; {setup.get('num_seqs')} sequences x "
+        f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated) tokens\n- llama.cpp: llama-cpp-python "
+        f"{_get(d, 'llamacpp', 'version') or 'n/a'} (its vendored llama.cpp)",
+        "## Physical limits\n\n" + _md_table(["quantity", "value"], floors_rows(d)),
+        "## Comparison\n\n" + _md_table(COMPARE_HEADER, compare_rows(d)),
+        "## Other figures\n\n" + _md_table(["figure", "value"], extra_rows(d) or [["-", "-"]]),
+        "## Method\n\n"
+        "- Batch-1 decode: (time for N+1 tokens - time for 1 token) / N, greedy, EOS ignored (llama-cpp-python: "
+        "timestamps of its token generator). Prefill is excluded.\n"
+        "- 32x generated tok/s: 32 x 128 generated tokens / wall time of the whole run, prefill included; core and "
+        "transformers get the same 32 random-token prompts (fixed seed); llama-batched-bench runs the same shape "
+        "(`-npp 128 -ntg 128 -npl 32`), figure = 32*128 / its total time T.\n"
+        "- Bandwidth floor: weights bytes / measured copy bandwidth (each decode step streams every weight once). "
+        "Compute ceiling: workload matmul + attention FLOPs / measured fp32 matmul rate.\n"
+        "- `core serve`: a fresh server, 32 concurrent streaming `/v1/completions` requests, output tokens / wall time.",
+    ]) + "\n"  # fmt: skip
