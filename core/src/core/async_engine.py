@@ -56,6 +56,8 @@ class AsyncEngine:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def command() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # the caller gave up (cancelled) before the engine got to it
             try:
                 future.set_result(fn())
             except BaseException as exc:  # handed to the caller, not raised in the engine thread

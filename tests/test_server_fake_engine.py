@@ -1,0 +1,186 @@
+"""The server's own logic in-process, on a scripted engine: no model, so it runs in seconds.
+
+The fake engine counts upward from the last prompt token (one character per token) and
+honours ``max_tokens``, ``n`` and aborts; enough to check framing, deltas, usage, admission
+and disconnects exactly. ``test_server.py`` covers the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import uvicorn
+from core.async_engine import AsyncEngine
+from core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from core.server.app import build_app
+from core.server.frontend import Frontend
+
+VOCAB = 128
+
+
+class CharTokenizer:
+    """One token per ASCII character."""
+
+    chat_template = "chat"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % VOCAB for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class FakeEngine:
+    """The slice of :class:`core.engine.LLMEngine` the server uses, generating ``last + 1`` forever."""
+
+    def __init__(self, step_seconds: float = 0.002) -> None:
+        self.tokenizer = CharTokenizer()
+        self.config = SimpleNamespace(max_model_len=64)
+        self.loaded = SimpleNamespace(vocab_size=VOCAB, name="fake")
+        self.requests: dict[str, dict] = {}
+        self.step_seconds = step_seconds
+        self.num_finished = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, chat_template=None):
+        return self.tokenizer.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + ">")
+
+    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, priority=0):
+        if any(t >= VOCAB for t in prompt_token_ids):
+            raise ValueError("token id outside the vocabulary")
+        self.requests[request_id] = {"ids": prompt_token_ids, "params": params, "outs": [[] for _ in range(params.n)]}
+
+    def abort_request(self, request_id):
+        self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.requests)
+
+    def step(self):
+        time.sleep(self.step_seconds)
+        outputs = []
+        for request_id, r in list(self.requests.items()):
+            for out in r["outs"]:
+                out.append(((out[-1] if out else r["ids"][-1]) + 1) % VOCAB)
+            done = len(r["outs"][0]) >= r["params"].max_tokens
+            completions = [
+                CompletionOutput(i, self.tokenizer.decode(o), list(o), finish_reason="length" if done else None)
+                for i, o in enumerate(r["outs"])
+            ]
+            now = time.time()
+            metrics = RequestMetrics(
+                arrival_time=now - 0.01, first_token_time=now, last_token_time=now, finished_time=now
+            )
+            outputs.append(RequestOutput(request_id, None, r["ids"], None, completions, done, metrics))
+            if done:
+                del self.requests[request_id]
+                self.num_finished += 1
+        return outputs
+
+    def stats(self):
+        return {"num_running": len(self.requests), "num_waiting": 0, "kv_usage": 0.1 * len(self.requests),
+                "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    engine = FakeEngine()
+    async_engine = AsyncEngine(engine)
+    fe = Frontend(async_engine, "fake", max_queue_len=4)
+    app = build_app(fe, api_key=None, max_request_bytes=4096)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", engine=engine, fe=fe)
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_completion_counts_and_usage(fake_server):
+    body = {"prompt": "ab", "max_tokens": 3, "n": 2, "logprobs": None}
+    out = httpx.post(f"{fake_server.url}/v1/completions", json=body).json()
+    assert [c["text"] for c in out["choices"]] == ["cde", "cde"]
+    assert out["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 6,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def test_stream_deltas_join_to_the_whole(fake_server):
+    body = {
+        "prompt": ["ab", "xy"],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "echo": True,
+    }
+    with httpx.stream("POST", f"{fake_server.url}/v1/completions", json=body) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    text = {0: "", 1: ""}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            text[choice["index"]] += choice["text"]
+    assert text == {0: "abcdef", 1: "xyz{|}"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_chat_stream(fake_server):
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{fake_server.url}/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "?@"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_errors_are_openai_shaped(fake_server):
+    url = fake_server.url
+    cases = [
+        (httpx.post(f"{url}/v1/completions", content=b"{", headers={"content-type": "application/json"}), 400),
+        (httpx.post(f"{url}/v1/completions", json={"prompt": "a", "temperature": -1}), 400),
+        (httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 64}), 400),
+        (httpx.post(f"{url}/v1/completions", json={"prompt": "a", "model": "x"}), 404),
+        (httpx.post(f"{url}/v1/completions", json={"prompt": "a" * 5000}), 413),
+        (httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "tool", "content": "a"}]}), 400),
+    ]
+    for response, status in cases:
+        assert response.status_code == status, response.text
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_disconnect_aborts_and_queue_limit(fake_server):
+    url = fake_server.url
+    fake_server.engine.step_seconds = 0.05  # slow enough that the requests pile up
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"prompt": "a", "max_tokens": 60, "stream": True}
+            streams = [client.stream("POST", "/v1/completions", json=body) for _ in range(8)]
+            responses = await asyncio.gather(*(s.__aenter__() for s in streams))
+            statuses = [r.status_code for r in responses]
+            for s in streams:
+                await s.__aexit__(None, None, None)
+            return statuses
+
+    try:
+        statuses = asyncio.run(run())
+    finally:
+        fake_server.engine.step_seconds = 0.002
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 4
+    deadline = time.monotonic() + 5
+    while fake_server.engine.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not fake_server.engine.requests  # every stream the clients left was aborted
+    assert fake_server.fe.num_queued == 0
