@@ -111,47 +111,65 @@ static inline float hsum(__m256 v) {
 }
 #endif
 
-// dot of weight row `wr` with activation rows t0 .. t0 + TT - 1; writes TT sums
+#if defined(__AVX2__)
+typedef __m256 Acc;
+#else
+typedef float Acc;
+#endif
+
+// acc[t] += block b of weight row wr . block b of activation row t0 + t
+template <int QT, int TT>
+__attribute__((always_inline)) static inline void block_step(const uint8_t *wr, long b,
+                                                             const QAct &a, long t0, long k,
+                                                             Acc *acc, float *extra) {
+  const bool is_signed = QT == CX86_Q8_0 || QT == CX86_INT8;
+  WBlock w;
+  decode<QT>(wr + b * block_bytes(QT), &w);
+#if defined(__AVX2__)
+  const __m256i wu = is_signed ? _mm256_sign_epi8(w.q, w.q) : w.q;  // |w| for the sign trick
+#endif
+  for (int t = 0; t < TT; ++t) {
+    const long ai = (t0 + t) * a.nb + b;
+    const int8_t *aq = a.q + (t0 + t) * k + b * kBlock;
+#if defined(__AVX2__)
+    __m256i av = _mm256_loadu_si256((const __m256i *)aq);
+    if (is_signed) av = _mm256_sign_epi8(av, w.q);
+    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, av)),
+                             _mm256_set1_ps(w.dw * a.d[ai]), acc[t]);
+#else
+    int dot = 0;
+    for (int i = 0; i < kBlock; ++i) dot += (int)w.q[i] * (int)aq[i];
+    acc[t] += (float)dot * w.dw * a.d[ai];
+#endif
+    if (!is_signed) extra[t] += w.mw * a.s[ai];
+  }
+}
+
+// dot of weight row `wr` with activation rows t0 .. t0 + TT - 1; writes TT sums.
+// Even and odd blocks go to separate accumulators: two independent FMA chains.
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const QAct &a, long t0, long k, float *sums) {
-  const long nb = a.nb, bb = block_bytes(QT);
-  const bool is_signed = QT == CX86_Q8_0 || QT == CX86_INT8;
-  float extra[TT];
-  for (int t = 0; t < TT; ++t) extra[t] = 0.0f;
-#if defined(__AVX2__)
-  __m256 acc[TT];
-  for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
-#else
-  float acc[TT];
-  for (int t = 0; t < TT; ++t) acc[t] = 0.0f;
-#endif
-  for (long b = 0; b < nb; ++b) {
-    WBlock w;
-    decode<QT>(wr + b * bb, &w);
-#if defined(__AVX2__)
-    const __m256i wu = is_signed ? _mm256_sign_epi8(w.q, w.q) : w.q;  // |w| for the sign trick
-#endif
-    for (int t = 0; t < TT; ++t) {
-      const long ai = (t0 + t) * nb + b;
-      const int8_t *aq = a.q + (t0 + t) * k + b * kBlock;
-#if defined(__AVX2__)
-      __m256i av = _mm256_loadu_si256((const __m256i *)aq);
-      if (is_signed) av = _mm256_sign_epi8(av, w.q);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, av)),
-                               _mm256_set1_ps(w.dw * a.d[ai]), acc[t]);
-#else
-      int dot = 0;
-      for (int i = 0; i < kBlock; ++i) dot += (int)w.q[i] * (int)aq[i];
-      acc[t] += (float)dot * w.dw * a.d[ai];
-#endif
-      if (!is_signed) extra[t] += w.mw * a.s[ai];
-    }
-  }
+  Acc acc0[TT], acc1[TT];
+  float extra0[TT], extra1[TT];
   for (int t = 0; t < TT; ++t) {
 #if defined(__AVX2__)
-    sums[t] = hsum(acc[t]) + extra[t];
+    acc0[t] = acc1[t] = _mm256_setzero_ps();
 #else
-    sums[t] = acc[t] + extra[t];
+    acc0[t] = acc1[t] = 0.0f;
+#endif
+    extra0[t] = extra1[t] = 0.0f;
+  }
+  long b = 0;
+  for (; b + 1 < a.nb; b += 2) {
+    block_step<QT, TT>(wr, b, a, t0, k, acc0, extra0);
+    block_step<QT, TT>(wr, b + 1, a, t0, k, acc1, extra1);
+  }
+  if (b < a.nb) block_step<QT, TT>(wr, b, a, t0, k, acc0, extra0);
+  for (int t = 0; t < TT; ++t) {
+#if defined(__AVX2__)
+    sums[t] = hsum(_mm256_add_ps(acc0[t], acc1[t])) + extra0[t] + extra1[t];
+#else
+    sums[t] = acc0[t] + acc1[t] + extra0[t] + extra1[t];
 #endif
   }
 }

