@@ -140,7 +140,7 @@ class LLMEngine:
         prompt_token_ids = list(prompt_token_ids)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: it must hold at least one token")
-        vocab = self.loaded.vocab_size
+        vocab = self.loaded.hf_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}), the vocabulary of the model")
         max_len = self.config.max_model_len
@@ -160,7 +160,10 @@ class LLMEngine:
         arrival = arrival_time if arrival_time is not None else time.time()
         completions = []
         for index in range(params.n):
-            seq = Sequence(next(self._seq_ids), request_id, prompt_token_ids, params, arrival, priority)
+            seq = Sequence(
+                next(self._seq_ids), request_id, prompt_token_ids, params, arrival, priority,
+                skip_prefix_cache=params.prompt_logprobs is not None,  # every prompt position must be computed
+            )
             seed = None if params.seed is None else params.seed + index
             completions.append(
                 Completion(
@@ -247,8 +250,9 @@ class LLMEngine:
             touched[state.request_id] = state
             if seq.is_finished and seq.finish_reason != "length":
                 continue
-            top = sampled.top_logprobs[row] if sampled.top_logprobs is not None else None
-            status = state.record_token(c, token_ids[seq.seq_id], sampled.logprobs[row], sampled.ranks[row], top)
+            status = state.record_token(
+                c, token_ids[seq.seq_id], sampled.logprobs[row], sampled.ranks[row], sampled.top_logprobs[row]
+            )
             if status is not None:
                 self.scheduler.finish(seq, status)
         outputs = []

@@ -7,7 +7,7 @@ The runner owns the KV cache tensors (one ``(k, v)`` pair per layer, laid out as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -84,6 +84,11 @@ class ModelRunner:
         plan = self.platform.memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
         logger.info("%s", plan.detail)
         min_blocks = -(-self.config.max_model_len // self.config.block_size)
+        # more blocks than max_num_seqs full-length sequences (x2: room for the prefix cache) buy nothing
+        useful = 2 * self.config.max_num_seqs * min_blocks
+        if plan.num_blocks > useful:
+            logger.info("using %d of %d KV blocks: enough for 2 x max_num_seqs x max_model_len", useful, plan.num_blocks)
+            plan = replace(plan, num_blocks=useful)
         if plan.num_blocks < min_blocks:
             raise ValueError(
                 f"the KV cache holds {plan.num_blocks} blocks ({plan.num_blocks * self.config.block_size} tokens) but one "

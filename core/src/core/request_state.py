@@ -56,15 +56,19 @@ class RequestState:
             return None
         return self.tokenizer.convert_ids_to_tokens(token_id)
 
-    def record_token(self, completion: Completion, token_id: int, logprob: float, rank: int, top: list[tuple[int, float]] | None) -> SequenceStatus | None:
+    def record_token(
+        self, completion: Completion, token_id: int, logprob: float | None, rank: int | None, top: list[tuple[int, float]] | None
+    ) -> SequenceStatus | None:
         """Account for a token just appended to ``completion.seq``; return a finish status, if any."""
         params, seq = self.params, completion.seq
-        completion.cumulative_logprob += logprob
-        if params.logprobs is not None:
+        if logprob is not None:  # only rows that asked for logprobs carry them
+            completion.cumulative_logprob += logprob
             entry = {token_id: Logprob(logprob, rank, self.decode_token(token_id))}
             for rank_i, (tid, lp) in enumerate(top or [], start=1):
                 entry.setdefault(tid, Logprob(lp, rank_i, self.decode_token(tid)))
-            completion.logprobs = (completion.logprobs or []) + [entry]
+            if completion.logprobs is None:
+                completion.logprobs = []
+            completion.logprobs.append(entry)
         now = time.time()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now

@@ -27,7 +27,7 @@ class LoadedModel:
 
     model: torch.nn.Module
     hf_config: Any
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None with skip_tokenizer_init
     eos_token_ids: list[int]
     generation_config: dict[str, Any]
     name: str
@@ -46,11 +46,13 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
+    skip_tokenizer_init: bool = False,
 ) -> LoadedModel:
     """Load a HF directory, a ``.gguf`` file, a hub id, or (``None``) the default model.
 
     :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
+    :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
         :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
     """
@@ -58,9 +60,9 @@ def load_model(
     device = torch.device(device)
     path = resolve_model(model)
     if path.is_file() and path.suffix == ".gguf":
-        loaded = _load_gguf(path, kernels, dtype, device, quantization)
+        loaded = _load_gguf(path, kernels, dtype, device, quantization, skip_tokenizer_init)
     elif path.is_dir():
-        loaded = _load_hf_dir(path, kernels, dtype, device, quantization)
+        loaded = _load_hf_dir(path, kernels, dtype, device, quantization, skip_tokenizer_init)
     else:
         raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a Hugging Face model directory")
     loaded.name = model if model is not None else DEFAULT_MODEL_NAME
@@ -76,13 +78,13 @@ def load_model(
 
 
 def _load_hf_dir(
-    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None
+    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None, skip_tokenizer: bool
 ) -> LoadedModel:
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
     config = hf_config(path)
     get_model_class(getattr(config, "architectures", None))  # fail on the architecture before reading weights
-    tokenizer = hf_tokenizer(path)
+    tokenizer = None if skip_tokenizer else hf_tokenizer(path)
     model = build_model(config, kernels, dtype, device)
     with torch.no_grad():
         model.load_weights(hf_weights(weight_files(path), dtype, device), quantization)
@@ -90,14 +92,14 @@ def _load_hf_dir(
 
 
 def _load_gguf(
-    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None
+    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None, skip_tokenizer: bool
 ) -> LoadedModel:
     index = GGUFIndex.open(path)
     config = gguf_config(index)
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
     if quantization is None and not keep_gguf:
         logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
-    tokenizer = gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
+    tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
     model = build_model(config, kernels, dtype, device)
     with torch.no_grad():
         model.load_weights(gguf_weights(index, config, keep_gguf, dtype, device), "gguf" if keep_gguf else quantization)
@@ -107,9 +109,9 @@ def _load_gguf(
     return _finish(model, config, tokenizer, generation)
 
 
-def _finish(model: Any, config: Any, tokenizer: PreTrainedTokenizerBase, generation: dict[str, Any]) -> LoadedModel:
+def _finish(model: Any, config: Any, tokenizer: PreTrainedTokenizerBase | None, generation: dict[str, Any]) -> LoadedModel:
     eos: list[int] = []
-    for source in (generation.get("eos_token_id"), getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+    for source in (generation.get("eos_token_id"), getattr(config, "eos_token_id", None), tokenizer and tokenizer.eos_token_id):
         for token in source if isinstance(source, list) else [source]:
             if token is not None and token not in eos:
                 eos.append(int(token))
