@@ -67,7 +67,7 @@ class FakeEngine:
         for request_id, r in list(self.requests.items()):
             for out in r["outs"]:
                 out.append(((out[-1] if out else r["ids"][-1]) + 1) % VOCAB)
-            done = len(r["outs"][0]) >= r["params"].max_tokens
+            done = len(r["outs"][0]) >= (r["params"].max_tokens or self.config.max_model_len - len(r["ids"]))
             completions = [
                 CompletionOutput(i, self.tokenizer.decode(o), list(o), finish_reason="length" if done else None)
                 for i, o in enumerate(r["outs"])
