@@ -113,4 +113,5 @@ def machine_info() -> dict[str, str]:
         "flags": " ".join(f for f in wanted if f in flags),
         "logical_cpus": str(os.cpu_count()),
         "python": platform.python_version(),
+        "load_average_1m": f"{os.getloadavg()[0]:.2f}",
     }

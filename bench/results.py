@@ -102,7 +102,7 @@ def render_markdown(d: dict) -> str:
         "Written by `bench/cpu_vs_baselines.py`; rerun it to refresh every figure below (one invocation, same machine, "
         "same model, same thread count).",
         f"- date: {d.get('date')}\n- command: `{d.get('command')}`\n- CPU: {m.get('cpu')} ({m.get('logical_cpus')} logical CPUs "
-        f"visible), flags: {m.get('flags')}\n- threads: {setup.get('threads')}\n- model: {setup.get('model')}\n"
+        f"visible), flags: {m.get('flags')}, load average before the run: {m.get('load_average_1m')}\n- threads: {setup.get('threads')}\n- model: {setup.get('model')}\n"
         f"- workload: batch-1 decode of {setup.get('decode_tokens')} tokens; {setup.get('num_seqs')} sequences x "
         f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated) tokens\n- llama.cpp: llama-cpp-python "
         f"{_get(d, 'llamacpp', 'version') or 'n/a'} (its vendored llama.cpp)",

@@ -40,6 +40,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     tp.add_argument("--num-prompts", type=_positive, default=32)
     tp.add_argument("--input-len", type=_positive, default=128, help="prompt tokens per request")
     tp.add_argument("--output-len", type=_positive, default=128, help="generated tokens per request (ignore_eos)")
+    tp.add_argument("--skip-tokenizer-init", action="store_true", help="run without a tokenizer (ids only)")
     tp.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
     tp.set_defaults(func=cmd_throughput)
 

@@ -84,7 +84,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "device")}
-    llm = LLM(config.model, device=config.device, **fields)
+    llm = LLM(config.model, device=config.device, skip_tokenizer_init=args.skip_tokenizer_init, **fields)
     result = run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed)
     print_table(
         ["PROMPTS", "IN", "OUT", "ELAPSED s", "REQ/s", "OUTPUT tok/s", "TOTAL tok/s"],
