@@ -14,7 +14,6 @@ import time
 import gguf
 import torch
 import torch.nn.functional as F
-
 from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
@@ -46,7 +45,8 @@ def bench_linear(kern, tokens: int) -> None:
     for n, k in SHAPES:
         w = torch.randn(n, k) * 0.05
         line = f"  {n:5d}x{k:<5d}"
-        t = timeit(lambda w=w: F.linear(torch.randn(tokens, k), w))
+        x = torch.randn(tokens, k)
+        t = timeit(lambda w=w, x=x: F.linear(x, w))
         line += f" fp32 torch {t * 1e6:8.1f} {n * k * 4 / t / 1e9:6.1f} {2 * tokens * n * k / t / 1e9:6.1f} |"
         for qtype in ("Q4_1", "Q8_0"):
             data = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[qtype]))
@@ -66,8 +66,9 @@ def bench_attention(kern) -> None:
         meta = AttentionMetadata.build([1] * batch, [ctx] * batch, tables, bs)
         kc, vc = torch.randn(batch * blocks, bs, 3, 64), torch.randn(batch * blocks, bs, 3, 64)
         q = torch.randn(batch, 9, 64)
-        t_nat = timeit(lambda: kern.paged_attention(q, kc, vc, meta, 0.125))
-        t_ref = timeit(lambda: ref.paged_attention(q, kc, vc, meta, 0.125))
+        args = (q, kc, vc, meta, 0.125)
+        t_nat = timeit(lambda args=args: kern.paged_attention(*args))
+        t_ref = timeit(lambda args=args: ref.paged_attention(*args))
         print(f"  batch {batch} ctx {ctx:5d}: {t_nat * 1e6:8.1f} | {t_ref * 1e6:8.1f}  ({t_ref / t_nat:.1f}x)")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.kernels import Kernels
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from plugins.attention import AttentionMetadata
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -40,7 +39,11 @@ def make_case(gen, rand, dtype, query_lens, seq_lens, hq, hk, d, block_size):
 def test_paged_attention(kernels, ref, gen, rand, close, dtype, block_size, query_lens, seq_lens, hq, hk, d):
     q, k_cache, v_cache, meta = make_case(gen, rand, dtype, query_lens, seq_lens, hq, hk, d, block_size)
     scale = d**-0.5
-    close(kernels.paged_attention(q, k_cache, v_cache, meta, scale), ref.paged_attention(q, k_cache, v_cache, meta, scale), "paged_attention")
+    close(
+        kernels.paged_attention(q, k_cache, v_cache, meta, scale),
+        ref.paged_attention(q, k_cache, v_cache, meta, scale),
+        "paged_attention",
+    )
 
 
 def test_paged_attention_strided_q_and_padding(kernels, ref, gen, rand, close):

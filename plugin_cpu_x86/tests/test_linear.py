@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from plugin_cpu_x86.linear import SMALL_BATCH_MAX, QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 
 import torch
+from plugins.attention import AttentionMetadata
+from plugins.kernels import Kernels
 
 from plugin_cpu_x86.linear import QuantLinearMixin
 from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, NativeLib
-from plugins.attention import AttentionMetadata
-from plugins.kernels import Kernels
 
 _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, INT8, Q4_0, Q4_1, Q8_0
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
+
+from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, INT8, Q4_0, Q4_1, Q8_0
 
 #: GGUF types kept in their blocks, with their native format code
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}

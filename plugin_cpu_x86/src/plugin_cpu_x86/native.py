@@ -49,8 +49,26 @@ _SIGNATURES = {
     # tokens, num_seqs, hq, hk, d, block_size, scale, nthreads
     "paged_attention": (
         None,
-        [c_int, _P, _P, c_long, _P, _P, _P, _P, _P, c_long, c_long, c_long, c_long, c_long, c_long, c_long,
-         c_float, c_int],
+        [
+            c_int,
+            _P,
+            _P,
+            c_long,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_float,
+            c_int,
+        ],
     ),  # fmt: skip
     "attention_max_head": (c_long, []),
     "attention_max_group": (c_long, []),

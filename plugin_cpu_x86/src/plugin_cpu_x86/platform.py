@@ -6,9 +6,10 @@ import logging
 import os
 from typing import Any
 
+from plugins.memory import GiB, host_memory
+
 import plugins
 from plugin_cpu_x86.cpuinfo import X86_MACHINES, machine, parse_threads_bind, plan_compute_cpus, read_cpuinfo
-from plugins.memory import GiB, host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ class CpuX86Platform(plugins.Platform):
     env_vars = (
         plugins.EnvVar("CPU_KVCACHE_SPACE", _kv_space, 0.0, "KV cache size in GiB (0 = auto share of free memory)"),
         plugins.EnvVar(
-            "CPU_OMP_THREADS_BIND", parse_threads_bind, "auto",
+            "CPU_OMP_THREADS_BIND",
+            parse_threads_bind,
+            "auto",
             "CPUs for the compute threads: auto (a NUMA node's physical cores per rank), all, "
             "or lists like 0-31|32-63 (one per rank)",
         ),  # fmt: skip
@@ -52,7 +55,10 @@ class CpuX86Platform(plugins.Platform):
             "CPU_NUM_OF_RESERVED_CPU", _reserved, 0, "cores kept free for the front end (auto binding only)"
         ),
         plugins.EnvVar(
-            "CPU_KERNEL_ISA", str, "auto", "force a kernel path (tests, debugging)",
+            "CPU_KERNEL_ISA",
+            str,
+            "auto",
+            "force a kernel path (tests, debugging)",
             choices=("auto", "avx512", "avx2", "scalar"),
         ),  # fmt: skip
     )

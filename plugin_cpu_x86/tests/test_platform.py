@@ -1,0 +1,129 @@
+"""Platform identity, env config, thread-binding plan, KV budget and conformance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from plugin_cpu_x86.native import select_isa
+from plugin_cpu_x86.platform import CpuX86Platform
+from plugins.memory import GiB
+from plugins.testing import PlatformConformance
+
+import plugins
+from plugin_cpu_x86 import cpuinfo
+
+
+class TestConformance(PlatformConformance):
+    platform = CpuX86Platform
+
+
+def test_import_is_cheap():
+    code = "import sys, plugin_cpu_x86; assert 'torch' not in sys.modules, 'torch imported at plugin import'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_identity_and_device_info():
+    plat = CpuX86Platform()
+    assert (plat.name, plat.device_type, plat.priority) == ("cpu_x86", "cpu", 10)
+    assert plat.is_available() and plat.unavailable_reason() is None
+    info = plat.device_info()
+    assert info["num_cpus"] >= 1 and info["memory_total_gib"] > 0
+    assert info["kernel_isa"] in ("avx512vnni", "avx512", "avx2", "scalar")
+    assert set(info["isa"]) <= set(cpuinfo.ISA_FLAGS.values())
+
+
+def test_unavailable_on_other_machines(monkeypatch):
+    monkeypatch.setattr(cpuinfo, "machine", lambda: "aarch64")
+    monkeypatch.setattr("plugin_cpu_x86.platform.machine", lambda: "aarch64")
+    plat = CpuX86Platform()
+    assert not plat.is_available()
+    assert "aarch64" in plat.unavailable_reason()
+
+
+def test_env_values():
+    plat = CpuX86Platform()
+    env = plat.read_env({"VLLM_CPU_KVCACHE_SPACE": "40", "CORE_CPU_OMP_THREADS_BIND": "0-31|32-63"})
+    assert env["CPU_KVCACHE_SPACE"] == 40.0 and env["CPU_OMP_THREADS_BIND"] == "0-31|32-63"
+    assert env["CPU_NUM_OF_RESERVED_CPU"] == 0 and env["CPU_KERNEL_ISA"] == "auto"
+    for name, bad in [
+        ("CPU_KVCACHE_SPACE", "-1"),
+        ("CPU_KVCACHE_SPACE", "lots"),
+        ("CPU_OMP_THREADS_BIND", "0-x"),
+        ("CPU_OMP_THREADS_BIND", "3-1"),
+        ("CPU_NUM_OF_RESERVED_CPU", "-2"),
+        ("CPU_KERNEL_ISA", "avx1024"),
+    ]:
+        with pytest.raises(plugins.EnvConfigError, match=f"CORE_{name}"):
+            plat.read_env({f"CORE_{name}": bad})
+
+
+def test_isa_selection():
+    full = ["AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI"]
+    assert select_isa("auto", full) == "avx512vnni"
+    assert select_isa("avx512", full[:-1]) == "avx512"
+    assert select_isa("avx2", full) == "avx2"
+    assert select_isa("auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C
+    with pytest.raises(ValueError, match="CPU_KERNEL_ISA='avx512' needs AVX512F"):
+        select_isa("avx512", ["AVX2", "FMA", "F16C"])
+
+
+def test_thread_binding_plan():
+    allowed = [0, 1, 2, 3]
+    assert cpuinfo.plan_compute_cpus("all", 0, 0, allowed) == allowed
+    assert cpuinfo.plan_compute_cpus("0-1|2-3", 0, 1, allowed) == [2, 3]
+    with pytest.raises(ValueError, match="none for rank 2"):
+        cpuinfo.plan_compute_cpus("0-1|2-3", 0, 2, allowed)
+    with pytest.raises(ValueError, match=r"\[7\]"):
+        cpuinfo.plan_compute_cpus("6-7", 0, 0, [0, 1, 2, 3, 4, 5, 6])
+    mine = sorted(os.sched_getaffinity(0))
+    auto = cpuinfo.plan_compute_cpus("auto", 0, 0, mine)
+    assert auto and set(auto) <= set(mine)
+    if len(auto) > 1:
+        assert cpuinfo.plan_compute_cpus("auto", 1, 0, mine) == auto[:-1]
+    with pytest.raises(ValueError, match="leaves no core"):
+        cpuinfo.plan_compute_cpus("auto", len(auto), 0, mine)
+    assert cpuinfo.parse_cpu_list("0-2, 5,7-8") == [0, 1, 2, 5, 7, 8]
+
+
+def test_kv_cache_budget(monkeypatch):
+    class Config:
+        kv_cache_bytes = None
+
+    plat = CpuX86Platform()
+    monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "0.25")
+    budget, why = plat.memory.kv_cache_budget(Config(), 0)
+    assert budget == GiB // 4 and "CPU_KVCACHE_SPACE=0.25" in why
+    auto = CpuX86Platform()
+    monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "0")
+    budget, why = auto.memory.kv_cache_budget(Config(), 0)
+    assert 0 < budget <= auto.memory.free_memory() and "auto" in why
+    monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "100000")
+    with pytest.raises(ValueError, match="CPU_KVCACHE_SPACE=100000"):
+        CpuX86Platform().memory.kv_cache_budget(Config(), 0)
+
+
+def test_init_device_binds_threads(monkeypatch):
+    import threading
+
+    import torch
+
+    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "all")
+    plat = CpuX86Platform()
+    result = {}
+
+    def engine_thread():  # init_device binds the calling thread only: run it on its own
+        plat.init_device(object())
+        result["affinity"] = os.sched_getaffinity(0)
+        result["threads"] = torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    worker = threading.Thread(target=engine_thread)
+    worker.start()
+    worker.join()
+    torch.set_num_threads(before)
+    mine = os.sched_getaffinity(0)
+    assert result["affinity"] == mine and plat.kernels.num_threads == len(mine)
+    assert plat.get_extension("frontend_cpus") and plat.get_extension("nope") is None
