@@ -19,6 +19,21 @@ def _unit_last_stride(*tensors: torch.Tensor) -> bool:
     return all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors)
 
 
+def attention_tiles(dtype: torch.dtype, head_size: int) -> tuple[int, int]:
+    """``(block_m, block_n)`` of the attention kernels on a GPU.
+
+    Sized by the bytes of one K/V row so that the pipelined tiles fit the ~99 KiB of
+    shared memory of the smallest Ampere+ parts (sm_86/sm_89), fp32 and head size 256
+    included (checked by compiling for sm_86, see tests/test_compile.py).
+    """
+    row_bytes = torch.finfo(dtype).bits // 8 * max(16, 1 << (head_size - 1).bit_length())
+    if row_bytes <= 256:
+        return 64, 64
+    if row_bytes <= 512:
+        return 32, 32
+    return 16, 16
+
+
 class CudaKernels(Kernels):
     """Triton paged attention (prefill + split-K decode), norms, rotary, SiLU-and-mul, KV write.
 
@@ -26,8 +41,8 @@ class CudaKernels(Kernels):
     :param ops_backend: the same choice for the other ops.
     :param decode_split_tokens: fewest context tokens one decode split handles.
     :param num_sms: multiprocessors to fill (default: the current GPU's; 4 off-GPU).
-    :param block_m: queries per program of the prefill kernel (default 64, 16 off-GPU).
-    :param block_n: keys per tile of both attention kernels (default 64, 16 off-GPU).
+    :param tiles: ``(block_m, block_n)``, queries per prefill program and keys per
+        attention tile; default :func:`attention_tiles` (16, 16 off-GPU).
     """
 
     def __init__(
@@ -36,8 +51,7 @@ class CudaKernels(Kernels):
         ops_backend: str = "triton",
         decode_split_tokens: int = 256,
         num_sms: int | None = None,
-        block_m: int | None = None,
-        block_n: int | None = None,
+        tiles: tuple[int, int] | None = None,
     ) -> None:
         for label, value in (("attention_backend", attention_backend), ("ops_backend", ops_backend)):
             if value not in BACKENDS:
@@ -47,10 +61,8 @@ class CudaKernels(Kernels):
         self.ops_backend = ops_backend
         self.decode_split_tokens = decode_split_tokens
         self.num_sms = num_sms or (torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4)
-        self.block_m = block_m or (64 if on_gpu else 16)
-        self.block_n = block_n or (64 if on_gpu else 16)
-        if decode_split_tokens % self.block_n:
-            raise ValueError(f"decode_split_tokens={decode_split_tokens} must be a multiple of block_n={self.block_n}")
+        # the interpreter pays per program and per op: small tiles keep CPU tests fast
+        self.tiles = tiles or (None if on_gpu else (16, 16))
 
     @property
     def is_graph_safe(self) -> bool:
@@ -122,9 +134,10 @@ class CudaKernels(Kernels):
         from plugin_cuda import attention
         from plugin_cuda.splits import plan_decode_splits
 
+        block_m, block_n = self.tiles or attention_tiles(q.dtype, q.shape[-1])
         if meta.num_seqs and meta.is_decode_only:
             splits = plan_decode_splits(
-                meta.num_seqs, k_cache.shape[2], meta.max_seq_len, self.num_sms, self.decode_split_tokens, self.block_n
+                meta.num_seqs, k_cache.shape[2], meta.max_seq_len, self.num_sms, self.decode_split_tokens, block_n
             )
-            return attention.decode_attention(q, k_cache, v_cache, meta, scale, splits, self.block_n)
-        return attention.prefill_attention(q, k_cache, v_cache, meta, scale, self.block_m, self.block_n)
+            return attention.decode_attention(q, k_cache, v_cache, meta, scale, splits, block_n)
+        return attention.prefill_attention(q, k_cache, v_cache, meta, scale, block_m, block_n)
