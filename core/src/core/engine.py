@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-from plugins import Platform
-
 from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.detokenizer import IncrementalDetokenizer, StopChecker
@@ -28,6 +26,7 @@ from core.sampler import Sampler, SamplingState, make_generator, prompt_logprobs
 from core.sampling_params import SamplingParams
 from core.scheduler import Scheduler
 from core.sequence import Sequence
+from plugins import Platform
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +168,7 @@ class LLMEngine:
                 Completion(
                     seq=seq,
                     detokenizer=self._detokenizer(prompt_token_ids, params),
-                    stop_checker=StopChecker(params.stop, params.include_stop_str_in_output) if params.stop else None,
+                    stop_checker=StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens) if params.stop else None,
                     generator=None if seed is None else make_generator(seed, self.platform.torch_device()),
                 )
             )
@@ -273,10 +272,9 @@ class LLMEngine:
             if len(state.prompt_logprobs) != first_pos + 1:
                 continue  # recomputed after preemption: already recorded
             targets = c.seq.prompt_token_ids[first_pos + 1 : first_pos + 1 + rows.shape[0]]
-            for entry in prompt_logprobs_for(rows, targets, state.params.prompt_logprobs):
-                state.prompt_logprobs.append(
-                    {tid: lp.__class__(lp.logprob, lp.rank, state.decode_token(tid)) for tid, lp in entry.items()}
-                )
+            state.prompt_logprobs.extend(
+                prompt_logprobs_for(rows, targets, state.params.prompt_logprobs, decode=state.decode_token)
+            )
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: queue sizes, KV usage, prefix cache hit rate."""

@@ -98,8 +98,6 @@ class RequestState:
             text = c.text
             if c.stop_checker is not None and not c.seq.is_finished:
                 text = c.stop_checker.visible(c.text)  # hold back a possible stop-string prefix
-            elif c.stop_checker is not None:
-                text = c.stop_checker.final(c.text)
             outputs.append(
                 CompletionOutput(
                     index=index,
