@@ -28,6 +28,7 @@ _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs.weight",  # Llama 3 rope scaling: divisors of the inverse frequencies
 }
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
@@ -51,8 +52,6 @@ def gguf_config(index: GGUFIndex) -> Any:
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(_ARCHITECTURES))}")
     config_class, hf_arch = _ARCHITECTURES[arch]
-    if "rope_freqs.weight" in index.tensors:
-        raise ValueError("GGUF files with a rope_freqs tensor (Llama 3.1 rope scaling) are not supported yet")
     num_heads = meta[f"{arch}.attention.head_count"]
     hidden = meta[f"{arch}.embedding_length"]
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
@@ -130,7 +129,8 @@ def gguf_weights(
         else:
             values = index.dequantized(name)
             values = values[order] if order is not None else values
-            yield hf_name, values.to(device=device, dtype=dtype)
+            # rope frequency divisors stay float32: they feed the cos/sin table, not a matmul
+            yield hf_name, values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
             yield "lm_head.weight", GGUFWeight(info.qtype, index.raw(name).to(device), *info.shape)

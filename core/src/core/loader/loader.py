@@ -78,7 +78,12 @@ def load_model(
 
 
 def _load_hf_dir(
-    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None, skip_tokenizer: bool
+    path: Path,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None,
+    skip_tokenizer: bool,
 ) -> LoadedModel:
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
@@ -92,7 +97,12 @@ def _load_hf_dir(
 
 
 def _load_gguf(
-    path: Path, kernels: Kernels, dtype: torch.dtype, device: torch.device, quantization: str | None, skip_tokenizer: bool
+    path: Path,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None,
+    skip_tokenizer: bool,
 ) -> LoadedModel:
     index = GGUFIndex.open(path)
     config = gguf_config(index)
@@ -109,9 +119,15 @@ def _load_gguf(
     return _finish(model, config, tokenizer, generation)
 
 
-def _finish(model: Any, config: Any, tokenizer: PreTrainedTokenizerBase | None, generation: dict[str, Any]) -> LoadedModel:
+def _finish(
+    model: Any, config: Any, tokenizer: PreTrainedTokenizerBase | None, generation: dict[str, Any]
+) -> LoadedModel:
     eos: list[int] = []
-    for source in (generation.get("eos_token_id"), getattr(config, "eos_token_id", None), tokenizer and tokenizer.eos_token_id):
+    for source in (
+        generation.get("eos_token_id"),
+        getattr(config, "eos_token_id", None),
+        tokenizer and tokenizer.eos_token_id,
+    ):
         for token in source if isinstance(source, list) else [source]:
             if token is not None and token not in eos:
                 eos.append(int(token))

@@ -158,6 +158,10 @@ class LlamaForCausalLM(nn.Module):
                 self.norm.weight = tensor
             elif name == "lm_head.weight":
                 linears["lm_head"] = tensor
+            elif name == "rope_freqs.weight":  # llama.cpp's Llama 3 rope scaling, as frequency divisors
+                self.cos_sin_cache = build_cos_sin_cache(
+                    self.config, self.head_size, self.config.max_position_embeddings, self.dtype, self.device, tensor
+                )
             elif match := _LAYER_NAME.fullmatch(name):
                 index, module, kind = int(match[1]), match[2], match[3]
                 if index >= self.num_layers:
