@@ -93,7 +93,8 @@ def plot_levels(results: Sequence[LevelResult], path: str | Path, title: str) ->
     ax2 = ax.twinx()
     ax2.plot(levels, [r.ttft_ms["p50"] for r in results], marker="s", color="tab:orange", label="TTFT p50 (ms)")
     ax2.set_ylabel("TTFT p50 (ms)")
-    fig.legend(loc="upper left")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper left", fontsize="small")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
