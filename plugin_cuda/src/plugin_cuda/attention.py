@@ -156,7 +156,7 @@ def _reduce_kernel(
     row = (seq * num_heads + head) * num_splits + offs_s
     m = tl.load(part_ml + row * 2, mask=s_mask, other=float("-inf"))
     l = tl.load(part_ml + row * 2 + 1, mask=s_mask, other=0.0)  # noqa: E741
-    m_max = tl.max(m, axis=0)
+    m_max = tl.maximum(tl.max(m, axis=0), -1e30)  # finite even with no used split (seq_len 0)
     weight = tl.where(s_mask, tl.exp2(m - m_max), 0.0)
     total = tl.sum(l * weight, axis=0)
     d_mask = offs_d < head_size

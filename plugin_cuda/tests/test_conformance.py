@@ -1,0 +1,10 @@
+"""The SDK's conformance kit: every kernel, the memory profiler, padding and end-to-end
+generation against the reference platform (device checks skip without a GPU)."""
+
+from plugins.testing import PlatformConformance
+
+from plugin_cuda.platform import CudaPlatform
+
+
+class TestConformance(PlatformConformance):
+    platform = CudaPlatform
