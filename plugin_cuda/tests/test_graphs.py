@@ -6,12 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from plugins.attention import AttentionMetadata
-from plugins.runner import ModelInputs, pad_inputs
-
 from plugin_cuda.graphs import StaticInputs, default_capture_sizes, padded_size, select_capture_sizes
 from plugin_cuda.splits import MAX_SPLITS, plan_decode_splits
+from plugins.attention import AttentionMetadata
+from plugins.runner import ModelInputs, pad_inputs
 
 
 def config(**kw):

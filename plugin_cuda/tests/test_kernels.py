@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
+from plugin_cuda.kernels import CudaKernels, attention_tiles
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
-
-from plugin_cuda.kernels import CudaKernels, attention_tiles
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
@@ -41,7 +39,11 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("rows,hidden", [(1, 16), (5, 40), (3, 300)])
 def test_rms_norm_and_fused_add(kernels, dtype, rows, hidden) -> None:
     gen = torch.Generator().manual_seed(rows * hidden)
-    x, res, w = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen), rand(hidden, dtype=dtype, gen=gen)
+    x, res, w = (
+        rand(rows, hidden, dtype=dtype, gen=gen),
+        rand(rows, hidden, dtype=dtype, gen=gen),
+        rand(hidden, dtype=dtype, gen=gen),
+    )
     close(kernels.rms_norm(x, w, 1e-6), REF.rms_norm(x, w, 1e-6), dtype)
     out, summed = kernels.fused_add_rms_norm(x, res, w, 1e-5)
     want_out, want_sum = REF.fused_add_rms_norm(x, res, w, 1e-5)
@@ -132,7 +134,9 @@ ATTENTION_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("query_lens,seq_lens,q_heads,kv_heads,head_size,block_size", ATTENTION_CASES)
 def test_paged_attention(kernels, dtype, query_lens, seq_lens, q_heads, kv_heads, head_size, block_size) -> None:
-    meta, k_cache, v_cache, gen = make_batch(query_lens, seq_lens, kv_heads, head_size, block_size, dtype, len(seq_lens))
+    meta, k_cache, v_cache, gen = make_batch(
+        query_lens, seq_lens, kv_heads, head_size, block_size, dtype, len(seq_lens)
+    )
     q = rand(meta.num_tokens, q_heads, head_size, dtype=dtype, gen=gen)
     got = kernels.paged_attention(q, k_cache, v_cache, meta, head_size**-0.5)
     want = REF.paged_attention(q.float(), k_cache.float(), v_cache.float(), meta, head_size**-0.5)

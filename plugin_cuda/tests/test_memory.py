@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from plugin_cuda.memory import CudaMemoryProfiler, MemoryBreakdown
 from plugin_cuda.platform import CudaPlatform
 from plugin_cuda.runner import GRAPH_OVERHEAD_BYTES, CudaGraphRunner
@@ -68,7 +67,12 @@ def engine_config(**kw):
 
 @pytest.fixture
 def setup(monkeypatch):
-    for name in ("CORE_GPU_MEMORY_UTILIZATION", "VLLM_GPU_MEMORY_UTILIZATION", "CORE_CUDA_GRAPH_SIZES", "VLLM_CUDA_GRAPH_SIZES"):
+    for name in (
+        "CORE_GPU_MEMORY_UTILIZATION",
+        "VLLM_GPU_MEMORY_UTILIZATION",
+        "CORE_CUDA_GRAPH_SIZES",
+        "VLLM_CUDA_GRAPH_SIZES",
+    ):
         monkeypatch.delenv(name, raising=False)
     plat = FakePlatform()
     plat.runner = CudaGraphRunner(plat, graphs=object())
@@ -110,7 +114,10 @@ def test_env_utilization_overrides_config(setup, monkeypatch) -> None:
 
 def test_eager_reserves_nothing_for_graphs(setup) -> None:
     plat, _, _ = setup
-    assert plat.runner.graph_memory_reserve(engine_config(enforce_eager=True), GiB) == (0, "no CUDA graphs (enforce_eager is set)")
+    assert plat.runner.graph_memory_reserve(engine_config(enforce_eager=True), GiB) == (
+        0,
+        "no CUDA graphs (enforce_eager is set)",
+    )
 
 
 def test_requested_kv_bytes_win(setup) -> None:

@@ -8,11 +8,10 @@ from importlib.metadata import entry_points
 from types import SimpleNamespace
 
 import pytest
-
-from plugins import EnvConfigError
+from plugin_cuda.platform import CudaPlatform
 
 from plugin_cuda import detect, register_platform
-from plugin_cuda.platform import CudaPlatform
+from plugins import EnvConfigError
 
 CPU_VERSION_PY = """from typing import Optional
 __all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']
@@ -28,7 +27,9 @@ def test_parse_torch_version_file_builds() -> None:
     assert cpu == detect.TorchBuild("2.13.0+cpu", None, None)
     cuda = detect.parse_torch_version_file(CPU_VERSION_PY.replace("cuda: Optional[str] = None", "cuda = '12.8'"))
     assert cuda.cuda == "12.8" and cuda.hip is None
-    hip = detect.parse_torch_version_file(CPU_VERSION_PY.replace("hip: Optional[str] = None", "hip: Optional[str] = '6.3.1'"))
+    hip = detect.parse_torch_version_file(
+        CPU_VERSION_PY.replace("hip: Optional[str] = None", "hip: Optional[str] = '6.3.1'")
+    )
     assert hip.hip == "6.3.1"
 
 
@@ -37,9 +38,19 @@ def test_parse_torch_version_file_builds() -> None:
     [
         (None, ["/dev/nvidia0"], {}, "torch is not installed"),
         (detect.TorchBuild("2.13.0+cpu", None, None), ["/dev/nvidia0"], {}, "torch 2.13.0+cpu is a CPU-only build"),
-        (detect.TorchBuild("2.6.0+rocm6.3", None, "6.3"), ["/dev/nvidia0"], {}, "torch 2.6.0+rocm6.3 is a ROCm/HIP build"),
+        (
+            detect.TorchBuild("2.6.0+rocm6.3", None, "6.3"),
+            ["/dev/nvidia0"],
+            {},
+            "torch 2.6.0+rocm6.3 is a ROCm/HIP build",
+        ),
         (detect.TorchBuild("2.8.0+cu128", "12.8", None), [], {}, "no NVIDIA device found"),
-        (detect.TorchBuild("2.8.0+cu128", "12.8", None), ["/dev/nvidia0"], {"CUDA_VISIBLE_DEVICES": ""}, "hides every device"),
+        (
+            detect.TorchBuild("2.8.0+cu128", "12.8", None),
+            ["/dev/nvidia0"],
+            {"CUDA_VISIBLE_DEVICES": ""},
+            "hides every device",
+        ),
         (detect.TorchBuild("2.8.0+cu128", "12.8", None), ["/dev/nvidia0"], {"CUDA_VISIBLE_DEVICES": "0"}, None),
     ],
 )

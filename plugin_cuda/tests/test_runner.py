@@ -12,14 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from plugins.attention import AttentionMetadata
-from plugins.kernels import Kernels
-from plugins.runner import ModelInputs, Runner, pad_inputs
-
 from plugin_cuda.kernels import CudaKernels
 from plugin_cuda.platform import CudaPlatform
 from plugin_cuda.runner import CudaGraphRunner, TorchCudaGraphs
+from plugins.attention import AttentionMetadata
+from plugins.kernels import Kernels
+from plugins.runner import ModelInputs, Runner, pad_inputs
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")

@@ -160,7 +160,9 @@ def _reduce_kernel(
     weight = tl.where(s_mask, tl.exp2(m - m_max), 0.0)
     total = tl.sum(l * weight, axis=0)
     d_mask = offs_d < head_size
-    acc = tl.load(part_acc + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    acc = tl.load(
+        part_acc + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
+    )
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     dst = out_ptr + seq * o_tok_stride + head * o_head_stride + offs_d
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=d_mask)

@@ -67,9 +67,7 @@ def _hidden_by_visible_devices(environ: Mapping[str, str]) -> bool:
     return value is not None and value.strip() in ("", "-1")
 
 
-def unavailable_reason(
-    build: TorchBuild | None, device_nodes: list[str], environ: Mapping[str, str]
-) -> str | None:
+def unavailable_reason(build: TorchBuild | None, device_nodes: list[str], environ: Mapping[str, str]) -> str | None:
     """Why the cuda platform cannot run, or None when it can (pure: inputs are given)."""
     if build is None:
         return "torch is not installed"

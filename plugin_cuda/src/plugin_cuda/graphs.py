@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from plugins.attention import AttentionMetadata
 from plugins.runner import ModelInputs
 

@@ -8,7 +8,6 @@ reference, so every input the reference accepts stays correct.
 from __future__ import annotations
 
 import torch
-
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
 
@@ -102,7 +101,7 @@ class CudaKernels(Kernels):
             return super().rotary_embedding(positions, q, k, cos_sin_cache)
         from plugin_cuda import ops
 
-        return ops.rotary_embedding(positions, q, k, cos_sin_cache)
+        return ops.rotary_embedding(positions.contiguous(), q, k, cos_sin_cache)
 
     def silu_and_mul(self, x):
         if not self._triton_ops(x) or x.shape[-1] % 2 or x.dim() == 0:
@@ -117,7 +116,7 @@ class CudaKernels(Kernels):
             return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
         from plugin_cuda import ops
 
-        ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
 
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale):
         """Triton attention: the split-K decode path when every query length is 1, else prefill.

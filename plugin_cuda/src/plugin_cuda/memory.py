@@ -36,7 +36,9 @@ class MemoryBreakdown:
     @property
     def kv_cache(self) -> int:
         """What is left for the KV cache (0 when the rest does not fit)."""
-        return max(0, int(self.total * self.utilization) - self.weights - self.non_torch - self.activations - self.graphs)
+        return max(
+            0, int(self.total * self.utilization) - self.weights - self.non_torch - self.activations - self.graphs
+        )
 
     def describe(self) -> str:
         def gib(n: int) -> str:
@@ -48,7 +50,9 @@ class MemoryBreakdown:
             f"CUDA graphs {gib(self.graphs)}"
         )
         if self.kv_cache == 0:
-            text += " leaves nothing for the KV cache: raise GPU_MEMORY_UTILIZATION or lower max_num_seqs / max_model_len"
+            text += (
+                " leaves nothing for the KV cache: raise GPU_MEMORY_UTILIZATION or lower max_num_seqs / max_model_len"
+            )
         return text
 
 

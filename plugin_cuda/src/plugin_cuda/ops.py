@@ -70,7 +70,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
     if rows:
-        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, x.stride(0), out, d, BLOCK=block, num_warps=_warps(block))
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
+            x, x.stride(0), out, d, BLOCK=block, num_warps=_warps(block)
+        )
     return out
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from plugins.runner import ModelInputs, Runner
+
 from plugin_cuda.graphs import StaticInputs, padded_size, select_capture_sizes
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ class CudaGraphRunner(Runner):
         sizes, why = self._sizes(config)
         if not sizes:
             return 0, f"no CUDA graphs ({why})"
-        profile_tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len))
+        longest = getattr(config, "max_model_len", None) or config.max_num_batched_tokens
+        profile_tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * longest))
         activations = -(-peak_activation_bytes * min(sizes[-1], profile_tokens) // profile_tokens)
         overhead = len(sizes) * GRAPH_OVERHEAD_BYTES
         self.graph_reserve_bytes = activations + overhead

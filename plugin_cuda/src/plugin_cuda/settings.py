@@ -5,8 +5,9 @@ Read as ``CORE_<NAME>`` (or ``VLLM_<NAME>``) through :class:`plugins.EnvVar`.
 
 from __future__ import annotations
 
-from plugins import EnvVar
 from plugins.env import parse_int_list
+
+from plugins import EnvVar
 
 
 def parse_graph_sizes(text: str) -> tuple[int, ...]:
@@ -39,8 +40,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "CUDA_GRAPH_SIZES",
         parse_graph_sizes,
         None,
-        "decode batch sizes to capture CUDA graphs for, e.g. 1,2,4,8 "
-        "(default: 1,2,4,8,16,24,... up to max_num_seqs)",
+        "decode batch sizes to capture CUDA graphs for, e.g. 1,2,4,8 (default: 1,2,4,8,16,24,... up to max_num_seqs)",
     ),
     EnvVar(
         "GPU_MEMORY_UTILIZATION",
