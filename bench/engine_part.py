@@ -13,21 +13,29 @@ def make_llm(model: str | None, quantization: str | None, prefix_caching: bool =
     return LLM(model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching)
 
 
-def _time(llm: Any, prompt: list[int], max_tokens: int) -> float:
+def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
+    """Batch-1 decode rate: ``n_gen`` tokens after the first, over the time since the first arrived.
+
+    Drives the engine step by step and stamps each new token (prefill excluded); best of two.
+    """
     from core.sampling_params import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
-    return time.perf_counter() - start
-
-
-def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
-    """Batch-1 decode rate: (time for n_gen + 1 tokens - time for 1 token) spread over n_gen."""
-    _time(llm, prompt, 2)  # warm-up
-    first = min(_time(llm, prompt, 1) for _ in range(2))
-    full = _time(llm, prompt, n_gen + 1)
-    return n_gen / (full - first)
+    engine, best = llm.engine, 0.0
+    llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    for attempt in range(2):
+        params = SamplingParams(temperature=0.0, max_tokens=n_gen + 1, ignore_eos=True)
+        engine.add_request(f"decode-{attempt}", params=params, prompt_token_ids=prompt)
+        stamps, seen = [], 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                count = len(out.outputs[0].token_ids)
+                if count > seen:
+                    stamps.append(time.perf_counter())
+                    seen = count
+        if len(stamps) != n_gen + 1:
+            raise RuntimeError(f"expected {n_gen + 1} token steps, stamped {len(stamps)}")
+        best = max(best, n_gen / (stamps[-1] - stamps[0]))
+    return best
 
 
 def measure(

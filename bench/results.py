@@ -21,16 +21,22 @@ def _get(data: dict, *keys: str) -> Any:
     return data
 
 
+def workload(d: dict) -> str:
+    """``"32x(128+128)"`` for the run's batched workload."""
+    s = d.get("setup") or {}
+    return f"{s.get('num_seqs')}x({s.get('prompt_len')}+{s.get('gen_len')})"
+
+
 def floors_rows(d: dict) -> list[list[str]]:
-    f = d.get("floors") or {}
+    f, w = d.get("floors") or {}, workload(d)
     return [
         ["memory bandwidth (copy, read+write)", f"{_num(_get(f, 'bandwidth_gb_s'))} GB/s"],
         ["fp32 matmul rate (torch, 1024^3)", f"{_num(_get(f, 'matmul_gflop_s'))} GFLOP/s"],
         ["GGUF weights (as stored)", f"{_num(_get(f, 'gguf_mb'))} MB"],
         ["batch-1 decode floor, GGUF bytes / bandwidth", f"{_num(_get(f, 'decode_floor_gguf'))} tok/s"],
         ["batch-1 decode floor, fp32 bytes / bandwidth", f"{_num(_get(f, 'decode_floor_fp32'))} tok/s"],
-        ["32x(128+128) workload FLOPs", f"{_num(_get(f, 'workload_gflop'))} GFLOP"],
-        ["32x(128+128) compute ceiling, generated tok/s", f"{_num(_get(f, 'compute_ceiling_tok_s'))} tok/s"],
+        [f"{w} workload FLOPs", f"{_num(_get(f, 'workload_gflop'))} GFLOP"],
+        [f"{w} compute ceiling, generated tok/s", f"{_num(_get(f, 'compute_ceiling_tok_s'))} tok/s"],
     ]
 
 
@@ -55,10 +61,9 @@ def compare_rows(d: dict) -> list[list[str]]:
                      _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32)])  # fmt: skip
     for key, res in sorted(d.items()):
         if key.startswith("serve:") and "error" not in res:
-            offline = _get(d, "engine:" + key.split(":", 1)[1], "output_tok_s")
             tp = res.get("output_tok_s")
-            rows.append([f"core serve ({key.split(':', 1)[1]}), 32 streams", "-", "-", "-", "-", _num(tp),
-                         _ratio(tp, ceiling), _ratio(tp, llama_32), f"{_ratio(tp, offline)} of offline"])  # fmt: skip
+            rows.append([f"core serve ({key.split(':', 1)[1]}), {_get(d, 'setup', 'num_seqs')} streams", "-", "-", "-", "-",
+                         _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32)])  # fmt: skip
     llama_floor = _get(f, "decode_floor_gguf")
     rows.append(["llama.cpp (llama-cpp-python / batched-bench)", _num(llama_dec), _ratio(llama_dec, llama_floor), "1.00x",
                  _ratio(llama_dec, hf_dec), _num(llama_32), _ratio(llama_32, ceiling), "1.00x", _ratio(llama_32, hf_32)])  # fmt: skip
@@ -68,8 +73,8 @@ def compare_rows(d: dict) -> list[list[str]]:
     return rows
 
 
-COMPARE_HEADER = ["system", "b1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF",
-                  "32x gen tok/s", "vs compute", "vs llama.cpp", "vs HF"]  # fmt: skip
+COMPARE_HEADER = ["system", "batch-1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF",
+                  "batched gen tok/s", "vs compute ceiling", "vs llama.cpp", "vs HF"]  # fmt: skip
 
 
 def extra_rows(d: dict) -> list[list[str]]:
@@ -78,8 +83,13 @@ def extra_rows(d: dict) -> list[list[str]]:
     if _get(d, "llamacpp", "bench_decode_tok_s") is not None:
         rows.append(["llama-batched-bench batch-1 S_TG", f"{_num(d['llamacpp']['bench_decode_tok_s'])} tok/s"])
     for key, res in sorted(d.items()):
+        if key.startswith("engine:") and res.get("weights_bytes"):
+            rows.append([f"{key} weights in memory (its decode floor's bytes)", f"{res['weights_bytes'] / 1e6:.1f} MB"])
+    for key, res in sorted(d.items()):
         if key.startswith("serve:") and "level" in res:
             lv = res["level"]
+            offline = _get(d, "engine:" + key.split(":", 1)[1], "output_tok_s")
+            rows.append([f"{key} throughput / offline engine", _ratio(res.get("output_tok_s"), offline)])
             rows.append([f"{key} TTFT p50/p99", f"{_num(lv['ttft_ms']['p50'])} / {_num(lv['ttft_ms']['p99'])} ms"])
             rows.append([f"{key} ITL p50/p99", f"{_num(lv['itl_ms']['p50'])} / {_num(lv['itl_ms']['p99'])} ms"])
     for key, res in sorted(d.items()):
@@ -97,25 +107,36 @@ def render_markdown(d: dict) -> str:
     """The whole bench/RESULTS.md."""
     m = d.get("machine") or {}
     setup = d.get("setup") or {}
+    w, n = workload(d), setup.get("num_seqs")
+    about = [
+        f"date: {d.get('date')}",
+        f"command: `{d.get('command')}`",
+        f"CPU: {m.get('cpu')} ({m.get('logical_cpus')} logical CPUs visible), flags: {m.get('flags')}; "
+        f"load average before the run: {m.get('load_average_1m')} (other work on the machine skews every figure)",
+        f"threads: {setup.get('threads')}; model: `{setup.get('model')}`",
+        f"workloads: batch-1 decode of {setup.get('decode_tokens')} tokens; batched {w} = {n} sequences x "
+        f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated tokens)",
+        f"llama.cpp: the one vendored in llama-cpp-python {_get(d, 'llamacpp', 'version') or 'n/a'}",
+    ]
+    method = [
+        "Batch-1 decode: the N tokens after the first over the time since the first arrived (prefill excluded), "
+        "greedy, EOS ignored; each step time-stamped (core: engine steps; transformers: a logits processor; "
+        "llama-cpp-python: its token generator); best of two.",
+        f"Batched {w}: generated tokens / wall time of the whole run, prefill included. core and transformers get "
+        "the same random-token prompts (fixed seed, one `generate` batch for transformers); llama-batched-bench runs "
+        f"the same shape (`-npp {setup.get('prompt_len')} -ntg {setup.get('gen_len')} -npl {n}`), figure = "
+        "npl * ntg / its total time T.",
+        "Bandwidth floor: weights bytes / measured copy bandwidth (a decode step streams every weight once). "
+        "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate.",
+        f"`core serve`: a fresh server, {n} concurrent streaming `/v1/completions` requests, output tokens / wall time.",
+    ]
     return "\n\n".join([
         "# CPU benchmark: core vs llama.cpp vs transformers",
         "Written by `bench/cpu_vs_baselines.py`; rerun it to refresh every figure below (one invocation, same machine, "
         "same model, same thread count).",
-        f"- date: {d.get('date')}\n- command: `{d.get('command')}`\n- CPU: {m.get('cpu')} ({m.get('logical_cpus')} logical CPUs "
-        f"visible), flags: {m.get('flags')}, load average before the run: {m.get('load_average_1m')}\n- threads: {setup.get('threads')}\n- model: {setup.get('model')}\n"
-        f"- workload: batch-1 decode of {setup.get('decode_tokens')} tokens; {setup.get('num_seqs')} sequences x "
-        f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated) tokens\n- llama.cpp: llama-cpp-python "
-        f"{_get(d, 'llamacpp', 'version') or 'n/a'} (its vendored llama.cpp)",
+        "\n".join(f"- {line}" for line in about),
         "## Physical limits\n\n" + _md_table(["quantity", "value"], floors_rows(d)),
         "## Comparison\n\n" + _md_table(COMPARE_HEADER, compare_rows(d)),
         "## Other figures\n\n" + _md_table(["figure", "value"], extra_rows(d) or [["-", "-"]]),
-        "## Method\n\n"
-        "- Batch-1 decode: (time for N+1 tokens - time for 1 token) / N, greedy, EOS ignored (llama-cpp-python: "
-        "timestamps of its token generator). Prefill is excluded.\n"
-        "- 32x generated tok/s: 32 x 128 generated tokens / wall time of the whole run, prefill included; core and "
-        "transformers get the same 32 random-token prompts (fixed seed); llama-batched-bench runs the same shape "
-        "(`-npp 128 -ntg 128 -npl 32`), figure = 32*128 / its total time T.\n"
-        "- Bandwidth floor: weights bytes / measured copy bandwidth (each decode step streams every weight once). "
-        "Compute ceiling: workload matmul + attention FLOPs / measured fp32 matmul rate.\n"
-        "- `core serve`: a fresh server, 32 concurrent streaming `/v1/completions` requests, output tokens / wall time.",
+        "## Method\n\n" + "\n".join(f"- {line}" for line in method),
     ]) + "\n"  # fmt: skip
