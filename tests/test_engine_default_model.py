@@ -1,0 +1,78 @@
+"""The offline API on the default model (SmolLM2-135M-Instruct GGUF): text, chat, sampling features."""
+
+import pytest
+
+from core import LLM, SamplingParams
+
+BASIC_PROMPTS = ["Hello, my name is", "The president of the United States is", "The capital of France is", "The future of AI is"]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(max_model_len=512, max_num_seqs=32, kv_cache_bytes=256 << 20)
+    yield engine
+    bm = engine.engine.block_manager
+    assert bm.num_free_blocks == bm.num_total_blocks, "KV blocks leaked"
+
+
+def test_basic_prompts_give_sensible_text(llm):
+    outs = llm.generate(BASIC_PROMPTS, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    texts = {o.prompt: o.outputs[0].text for o in outs}
+    assert "Paris" in texts["The capital of France is"]
+    for prompt, text in texts.items():
+        assert len(text.split()) >= 5, f"{prompt!r} -> {text!r}"
+        assert "\ufffd" not in text
+    assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
+
+
+def test_chat_uses_the_template(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)[0]
+    assert "Paris" in out.outputs[0].text
+    assert out.prompt_token_ids[0] == llm.get_tokenizer().convert_tokens_to_ids("<|im_start|>")
+
+
+def test_seeded_sampling_is_independent_of_the_batch(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16)
+    alone = llm.generate(["The future of AI is"], params, use_tqdm=False)[0].outputs[0].text
+    others = [SamplingParams(temperature=1.0, max_tokens=16)] * 15
+    batch = llm.generate(["The future of AI is"] + (BASIC_PROMPTS * 4)[:15], [params] + others, use_tqdm=False)
+    assert batch[0].outputs[0].text == alone
+
+
+def test_n_stop_strings_and_logprobs(llm):
+    params = SamplingParams(n=3, temperature=0.8, seed=7, max_tokens=12, logprobs=2, stop=["\n"])
+    (out,) = llm.generate(["Write a list of fruits:"], params, use_tqdm=False)
+    assert len(out.outputs) == 3 and len({c.text for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert "\n" not in c.text
+        assert len(c.logprobs) == len(c.token_ids) and all(len(entry) >= 2 for entry in c.logprobs)
+        if c.finish_reason == "stop":
+            assert c.stop_reason == "\n"
+
+
+def test_stop_string_is_cut_and_prompt_logprobs(llm):
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    full = llm.generate(["The capital of France is"], greedy, use_tqdm=False)[0].outputs[0].text
+    cut = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=24, stop=["Paris"], prompt_logprobs=1), use_tqdm=False)[0]
+    assert cut.outputs[0].text == full[: full.index("Paris")]
+    assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == "Paris"
+    assert cut.prompt_logprobs[0] is None and len(cut.prompt_logprobs) == len(cut.prompt_token_ids)
+
+
+def test_too_long_request_is_rejected_clearly(llm):
+    with pytest.raises(ValueError, match="maximum context length is 512 tokens"):
+        llm.generate(["word " * 600], SamplingParams(max_tokens=10), use_tqdm=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate(prompt_token_ids=[[10**9]], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_abort_frees_blocks(llm):
+    engine = llm.engine
+    engine.add_request("a", prompt="Tell me a long story about dragons.", params=SamplingParams(max_tokens=200))
+    engine.step()
+    engine.step()
+    assert engine.block_manager.usage > 0
+    out = engine.abort_request("a")
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_total_blocks
