@@ -131,6 +131,8 @@ class AsyncEngine:
             loop.call_soon_threadsafe(outputs.put_nowait, out)
 
     def _run(self) -> None:
+        # bind this thread (and the compute threads it spawns) as the platform wants
+        self.engine.platform.init_device(self.engine.config)
         while not self._stop.is_set():
             while True:
                 try:

@@ -77,8 +77,11 @@ class Platform:
         return {}
 
     def init_device(self, config: Any) -> None:
-        """(optional) override: one-time device set-up once this platform is chosen
-        (thread binding, device selection). Heavy imports belong here, not at import."""
+        """(optional) override: device set-up once this platform is chosen (thread binding,
+        device selection). Heavy imports belong here, not at import.
+
+        Called in each thread that will run the model (the engine's own thread when
+        serving), so it must be idempotent; thread affinity is per thread on Linux."""
 
     # -- parts the engine uses ---------------------------------------------------------
     @functools.cached_property
