@@ -107,3 +107,9 @@ class ServerProcess:
                 self.proc.wait()
         self._reader.join(5)
         return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def start_server() -> type[ServerProcess]:
+    """``start_server(model_dir, *flags)`` starts ``core serve`` and returns its :class:`ServerProcess`."""
+    return ServerProcess

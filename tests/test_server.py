@@ -12,7 +12,6 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import ServerProcess
 
 MODEL = "tiny"
 KEY = "sekret"
@@ -24,8 +23,8 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    proc = ServerProcess(
+def server(tiny_llama, start_server):
+    proc = start_server(
         tiny_llama,
         "--device", "auto", "--dtype", "float32", "--served-model-name", MODEL, "--api-key", KEY,
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8", "--max-queue-len", str(MAX_QUEUE_LEN),

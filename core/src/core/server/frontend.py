@@ -45,7 +45,7 @@ class Frontend:
         self.model_name = model_name
         self.tokenizer = llm.tokenizer
         self.max_model_len: int = llm.config.max_model_len
-        self.vocab_size: int = llm.loaded.vocab_size
+        self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
         self.metrics = ServerMetrics(self.stats, model_name)
