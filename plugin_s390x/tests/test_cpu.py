@@ -1,7 +1,7 @@
 """CPU variables, thread selection and the KV budget (pure parts, no device needed)."""
 
 import pytest
-from plugin_s390x.cpu import CpuMemoryProfiler, cpuinfo_features, parse_cpu_list, select_cpus
+from plugins.cpu import CpuMemoryProfiler, cpuinfo_features, parse_cpu_list, select_cpus
 from plugin_s390x.platform import S390xPlatform
 
 from plugins import EnvConfigError

@@ -8,7 +8,7 @@ import platform as _platform
 from typing import Any
 
 import plugins
-from plugin_cpu_arm.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
 
 logger = logging.getLogger(__name__)
 

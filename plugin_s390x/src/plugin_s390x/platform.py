@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import plugins
-from plugin_s390x.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
 
 #: machine type numbers of ``/proc/cpuinfo`` and the IBM Z generation they belong to
 MACHINE_GENERATIONS = {

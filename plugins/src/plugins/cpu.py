@@ -1,6 +1,5 @@
 """Host-CPU pieces shared by the CPU backends: the ``CPU_*`` variables, thread binding
-and a KV-cache budget that honours ``CPU_KVCACHE_SPACE`` (kept in step with
-``plugin_cpu_arm.cpu``: distributions cannot import each other).
+and a KV-cache budget that honours ``CPU_KVCACHE_SPACE``.
 
 The variable names and meanings are vLLM's (``VLLM_CPU_KVCACHE_SPACE``,
 ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``), read as ``CORE_*``
@@ -14,9 +13,8 @@ import logging
 import os
 from typing import Any
 
+from plugins.env import EnvVar
 from plugins.memory import GiB, MemoryProfiler
-
-from plugins import EnvVar
 
 logger = logging.getLogger(__name__)
 
