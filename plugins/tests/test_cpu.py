@@ -1,10 +1,24 @@
-"""CPU variables, thread selection and the KV budget (pure parts, no device needed)."""
+"""The SDK's shared CPU pieces: variables, thread selection and the KV budget."""
 
 import pytest
-from plugins.cpu import CpuMemoryProfiler, cpuinfo_features, parse_cpu_list, select_cpus
-from plugin_cpu_arm.platform import CpuArmPlatform
 
+import plugins
 from plugins import EnvConfigError
+from plugins.cpu import CpuMemoryProfiler, cpu_env_vars, cpuinfo_features, parse_cpu_list, select_cpus
+
+
+class HostCpuPlatform(plugins.Platform):
+    """A host-CPU platform as the CPU backends build it."""
+
+    name = "some_cpu"
+    device_type = "cpu"
+    env_vars = cpu_env_vars()
+
+    def is_available(self) -> bool:
+        return True
+
+    def make_memory_profiler(self):
+        return CpuMemoryProfiler(self)
 
 
 def test_parse_cpu_list():
@@ -16,7 +30,7 @@ def test_parse_cpu_list():
 
 
 def test_env_values_good_and_bad():
-    plat = CpuArmPlatform()
+    plat = HostCpuPlatform()
     env = plat.read_env({"VLLM_CPU_KVCACHE_SPACE": "40", "CORE_CPU_OMP_THREADS_BIND": "0-31|32-63"})
     assert env["CPU_KVCACHE_SPACE"] == 40.0
     assert env["CPU_OMP_THREADS_BIND"] == "0-31|32-63"
@@ -56,7 +70,7 @@ def test_kv_budget_from_cpu_kvcache_space(monkeypatch):
     class Config:
         kv_cache_bytes = None
 
-    plat = CpuArmPlatform()
+    plat = HostCpuPlatform()
     profiler = plat.memory
     assert isinstance(profiler, CpuMemoryProfiler)
     plan = profiler.plan_kv_cache(Config(), block_bytes=1 << 20)
