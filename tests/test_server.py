@@ -341,9 +341,10 @@ def test_disconnect_mid_stream_frees_the_request(server, http):
     with httpx.Client(base_url=server.url, headers=AUTH) as own:
         with own.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: {"))
+            first = next(line for line in lines if line.startswith("data: {"))
+            assert '"error"' not in first, first + server.log[-3000:]
             before = http.get("/metrics").text
-            assert metric(before, "core:num_requests_running") == 1
+            assert metric(before, "core:num_requests_running") == 1, server.log[-3000:]
     # the client left after its first token; the engine must drop the request and its blocks
     text = _wait_idle(http)
     assert metric(text, "core:generation_tokens_total") < metric(before, "core:generation_tokens_total") + 400

@@ -154,8 +154,8 @@ class AsyncEngine:
                     self.engine.abort_request(request_id)
                     self._deliver(RuntimeError(f"engine step failed: {exc}"), request_id)
                 continue
+            self._stats = self.engine.stats()  # before delivering: a client that saw a token sees its request counted
             for out in outputs:
                 self._deliver(out)
-            self._stats = self.engine.stats()
             for hook in self.step_hooks:
                 hook(outputs)
