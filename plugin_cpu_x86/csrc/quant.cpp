@@ -5,22 +5,11 @@
 // their GGUF block layout (Q8_0, Q4_0, Q4_1) or int8 rows with per-row scales.
 #include <stdlib.h>
 
-#include "common.h"
-
-// weight formats, shared with Python (plugin_cpu_x86/native.py)
-enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3 };
+#include "blocks.h"
 
 namespace CX86_NS {
 
-static const int kBlock = 32, kTile = 4;
-
-static inline long block_bytes(int qt) {
-  return qt == CX86_Q8_0 ? 34 : qt == CX86_Q4_0 ? 18 : qt == CX86_Q4_1 ? 20 : 32;
-}
-static inline long row_bytes(int qt, long k) { return k / kBlock * block_bytes(qt); }
-static inline float load_any(const void *p, int dt, long i) {
-  return dt == CX86_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
-}
+static const int kTile = 4;
 
 // int8 activations: q [T, K], d and s [T, K/32]
 struct QAct {
@@ -178,7 +167,8 @@ template <int QT, typename T>
 static void matmul_rows(const uint8_t *w, const float *row_scale, const QAct &a, long rows,
                         long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   const long rb = row_bytes(QT, k);
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (n * k >= (1L << 16))
+  const long chunk = row_chunk(n, nthreads);
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, chunk) if (n * k >= (1L << 16))
   for (long j = 0; j < n; ++j) {
     const uint8_t *wr = w + j * rb;
     const float scale = row_scale ? row_scale[j] : 1.0f;

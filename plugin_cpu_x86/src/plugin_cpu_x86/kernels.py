@@ -42,9 +42,10 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
     :param num_threads: OpenMP threads per kernel (default: CPUs this process may use).
     """
 
-    def __init__(self, isa: str = "auto", num_threads: int | None = None) -> None:
+    def __init__(self, isa: str = "auto", num_threads: int | None = None, quantize_activations: bool = False) -> None:
         self.lib = NativeLib(isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
+        self.quantize_activations = quantize_activations
 
     @property
     def isa(self) -> str:

@@ -128,13 +128,14 @@ class QuantLinearMixin:
             bias = bias if bias.dtype in _DTYPES and bias.is_contiguous() else bias.float().contiguous()
             bdt = _DTYPES[bias.dtype]
         out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
-        status = self.lib.quant_matmul(
+        matmul = self.lib.quant_matmul if self.quantize_activations else self.lib.dequant_matmul
+        status = matmul(
             w.code, w.data.data_ptr(), None if w.scales is None else w.scales.data_ptr(), n, k, dt,
             x2.data_ptr(), x2.stride(0), rows, out.data_ptr(), None if bias is None else bias.data_ptr(), bdt,
             self.num_threads,
         )  # fmt: skip
         if status:
-            raise MemoryError(f"quant_matmul could not allocate its {rows}x{k} activation buffer")
+            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{k} activation buffer")
         return out
 
     def _tiled_linear(self, x2: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:

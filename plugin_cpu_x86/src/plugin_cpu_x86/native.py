@@ -74,6 +74,8 @@ _SIGNATURES = {
     "attention_max_group": (c_long, []),
     # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
     "quant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
+    # same arguments; float32 activations (csrc/matvec.cpp)
+    "dequant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
     # qt, w, row_scale, k, r0, r1, out, nthreads
     "dequantize": (None, [c_int, _P, _P, c_long, c_long, c_long, _P, c_int]),
 }

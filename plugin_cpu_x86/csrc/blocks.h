@@ -1,0 +1,30 @@
+// Weight formats of the quantized linear kernels (quant.cpp, matvec.cpp): GGUF
+// blocks of 32 values (Q8_0, Q4_0, Q4_1) or int8 rows with per-row float32 scales.
+#pragma once
+
+#include "common.h"
+
+// weight formats, shared with Python (plugin_cpu_x86/native.py)
+enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3 };
+
+namespace CX86_NS {
+
+static const int kBlock = 32;
+
+static inline long block_bytes(int qt) {
+  return qt == CX86_Q8_0 ? 34 : qt == CX86_Q4_0 ? 18 : qt == CX86_Q4_1 ? 20 : 32;
+}
+static inline long row_bytes(int qt, long k) { return k / kBlock * block_bytes(qt); }
+static inline float load_any(const void *p, int dt, long i) {
+  return dt == CX86_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
+}
+
+// Output rows handed to a thread at a time: small enough that a thread that got
+// descheduled (a loaded machine) leaves most of its share to the others, large
+// enough that the shared counter is touched rarely.
+static inline long row_chunk(long n, int nthreads) {
+  long c = n / ((long)nthreads * 8);
+  return c < 16 ? 16 : c;
+}
+
+}  // namespace CX86_NS

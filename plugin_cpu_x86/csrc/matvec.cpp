@@ -1,0 +1,184 @@
+// Quantized linear for small batches (decode) with float32 activations:
+// y[T, N] = x[T, K] @ W[N, K]^T + b. Each weight block of 32 values is dequantized in
+// registers exactly as the GGUF reference does it (Q8_0: d * q, Q4_0: d * (q - 8),
+// Q4_1: d * q + m) and multiplied into the float32 activations with FMAs, so the
+// result is the float32 product with the dequantized weights up to float32 rounding.
+// Decode streams every weight byte once per step, so this costs little next to
+// quant.cpp's int8-activation kernel, whose rounding of x can flip close greedy picks.
+#include <stdlib.h>
+
+#include "blocks.h"
+
+namespace CX86_NS {
+
+static const int kRows = 4;  // activation rows sharing one decode of a weight block
+
+#if defined(__AVX2__)
+// the dequantized block as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
+template <int QT>
+static inline void decode_block(const uint8_t *p, __m256 w[4]) {
+  if (QT == CX86_Q8_0 || QT == CX86_INT8) {
+    const __m256 d = _mm256_set1_ps(QT == CX86_INT8 ? 1.0f : read_half(p));
+    const uint8_t *q = p + (QT == CX86_INT8 ? 0 : 2);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j)));
+      w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
+    }
+    return;
+  }
+  const __m256 d = _mm256_set1_ps(read_half(p));
+  const __m256 m = _mm256_set1_ps(QT == CX86_Q4_1 ? read_half(p + 2) : 0.0f);
+  const uint8_t *q = p + (QT == CX86_Q4_1 ? 4 : 2);
+  const __m256i mask = _mm256_set1_epi32(0x0f), off = _mm256_set1_epi32(QT == CX86_Q4_0 ? 8 : 0);
+  for (int h = 0; h < 2; ++h) {  // byte i: element i in the low nibble, i + 16 in the high one
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * h)));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), off));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), off));
+    if (QT == CX86_Q4_0) {  // d * (q - 8), as the reference
+      w[h] = _mm256_mul_ps(d, lo);
+      w[h + 2] = _mm256_mul_ps(d, hi);
+    } else {
+      w[h] = _mm256_fmadd_ps(d, lo, m);
+      w[h + 2] = _mm256_fmadd_ps(d, hi, m);
+    }
+  }
+}
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT
+template <int QT, int TT>
+static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
+  const int A = TT == 1 ? 4 : 2;  // independent FMA chains per activation row
+  __m256 acc[TT][A];
+  for (int t = 0; t < TT; ++t)
+    for (int a = 0; a < A; ++a) acc[t][a] = _mm256_setzero_ps();
+  for (long b = 0; b < nb; ++b) {
+    __m256 w[4];
+    decode_block<QT>(wr + b * block_bytes(QT), w);
+    for (int t = 0; t < TT; ++t) {
+      const float *xb = x + t * xs + b * kBlock;
+      for (int j = 0; j < 4; ++j)
+        acc[t][j % A] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), acc[t][j % A]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    __m256 s = acc[t][0];
+    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[t][a]);
+    sums[t] = hsum8(s);
+  }
+}
+#else
+template <int QT>
+static inline void decode_block(const uint8_t *p, float *w) {
+  if (QT == CX86_Q8_0 || QT == CX86_INT8) {
+    const float d = QT == CX86_INT8 ? 1.0f : read_half(p);
+    const int8_t *q = (const int8_t *)(p + (QT == CX86_INT8 ? 0 : 2));
+    for (int i = 0; i < kBlock; ++i) w[i] = d * (float)q[i];
+    return;
+  }
+  const float d = read_half(p);
+  const uint8_t *q = p + (QT == CX86_Q4_1 ? 4 : 2);
+  for (int i = 0; i < 16; ++i) {
+    if (QT == CX86_Q4_0) {
+      w[i] = d * (float)((q[i] & 0x0f) - 8);
+      w[i + 16] = d * (float)((q[i] >> 4) - 8);
+    } else {
+      const float m = read_half(p + 2);
+      w[i] = d * (float)(q[i] & 0x0f) + m;
+      w[i + 16] = d * (float)(q[i] >> 4) + m;
+    }
+  }
+}
+
+template <int QT, int TT>
+static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
+  float acc[TT][8] = {};
+  for (long b = 0; b < nb; ++b) {
+    float w[kBlock];
+    decode_block<QT>(wr + b * block_bytes(QT), w);
+    for (int t = 0; t < TT; ++t)
+      for (int i = 0; i < kBlock; ++i) acc[t][i % 8] += w[i] * x[t * xs + b * kBlock + i];
+  }
+  for (int t = 0; t < TT; ++t) {
+    float s = 0.0f;
+    for (int i = 0; i < 8; ++i) s += acc[t][i];
+    sums[t] = s;
+  }
+}
+#endif
+
+template <int QT, typename T>
+static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, long xs,
+                      long rows, long n, long k, T *out, const void *bias,
+                      int bias_dt, int nthreads) {
+  const long rb = row_bytes(QT, k), nb = k / kBlock, chunk = row_chunk(n, nthreads);
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, chunk) if (n * k >= (1L << 16))
+  for (long j = 0; j < n; ++j) {
+    const uint8_t *wr = w + j * rb;
+    const float scale = row_scale ? row_scale[j] : 1.0f;
+    const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
+    float sums[kRows];
+    for (long t0 = 0; t0 < rows; t0 += kRows) {
+      const long tt = rows - t0 < kRows ? rows - t0 : kRows;
+      const float *xt = x + t0 * xs;
+      switch (tt) {
+        case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
+        case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
+        case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
+        default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+      }
+      for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
+    }
+  }
+}
+
+template <typename T>
+static void gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x, long xs,
+                       long rows, long n, long k, void *out,
+                       const void *bias, int bias_dt, int nt) {
+  T *o = (T *)out;
+#define CX86_GEMV(QT) gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt)
+  switch (qt) {
+    case CX86_Q8_0: CX86_GEMV(CX86_Q8_0); break;
+    case CX86_Q4_0: CX86_GEMV(CX86_Q4_0); break;
+    case CX86_Q4_1: CX86_GEMV(CX86_Q4_1); break;
+    default: CX86_GEMV(CX86_INT8); break;
+  }
+#undef CX86_GEMV
+}
+
+}  // namespace CX86_NS
+
+using namespace CX86_NS;
+
+extern "C" {
+
+// out[rows, n] (dtype, contiguous) = x[rows, k] (dtype, row stride x_stride) @ W^T
+// (+ bias), float32 accumulation on float32 activations. W: n rows in format qt;
+// row_scale: per-row scales for CX86_INT8, else NULL. k must be a multiple of 32.
+// Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
+int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
+                            int dtype, const void *x, long x_stride, long rows, void *out,
+                            const void *bias, int bias_dtype, int nthreads) {
+  const uint8_t *wb = (const uint8_t *)w;
+  if (dtype == CX86_F32) {
+    gemv_typed<float>(qt, wb, row_scale, (const float *)x, x_stride, rows, n, k, out, bias,
+                      bias_dtype, nthreads);
+    return 0;
+  }
+  float *xf = (float *)malloc(rows * k * sizeof(float));  // widen bfloat16 rows once
+  if (!xf) return -1;
+  for (long r = 0; r < rows; ++r)
+    for (long i = 0; i < k; ++i) xf[r * k + i] = to_f32(((const bf16_t *)x)[r * x_stride + i]);
+  gemv_typed<bf16_t>(qt, wb, row_scale, xf, k, rows, n, k, out, bias, bias_dtype, nthreads);
+  free(xf);
+  return 0;
+}
+
+}  // extern "C"
