@@ -33,6 +33,15 @@ class TorchCudaGraphs:
     def new_pool(self) -> Any:
         return torch.cuda.graph_pool_handle()
 
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
+        """Run ``fn`` once outside capture (compiles kernels, creates library workspaces),
+        on a side stream as torch recommends before capturing."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+
     def capture(self, fn: Callable[[], torch.Tensor], pool: Any) -> tuple[Any, torch.Tensor]:
         """Capture ``fn`` into a new graph on ``pool``; return ``(graph, its output)``."""
         graph = torch.cuda.CUDAGraph()
@@ -112,7 +121,7 @@ class CudaGraphRunner(Runner):
                 def run(inputs: ModelInputs = inputs) -> torch.Tensor:
                     return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
 
-                run()  # warm-up: compiles kernels outside the capture; static buffers hold padding
+                self.graph_api.warm_up(run)  # static buffers hold padding: no KV slot is written
                 self._graphs[size] = self.graph_api.capture(run, pool)
         self.graph_memory_bytes = max(0, free_before - self.graph_api.free_memory())
         logger.info(
