@@ -380,7 +380,11 @@ def test_queue_full_answers_503(server, http):
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60, limits=limits) as aclient:
             return await asyncio.gather(*(one(aclient, everyone_answered) for _ in range(num_requests)))
 
-    results = asyncio.run(run())
+    try:
+        results = asyncio.run(run())
+    except httpx.HTTPError:
+        print("".join(line for line in server.lines if "uvicorn.access" not in line)[-5000:])
+        raise
     statuses = [status for status, _ in results]
     assert set(statuses) == {200, 503}, statuses
     assert statuses.count(200) >= MAX_QUEUE_LEN
