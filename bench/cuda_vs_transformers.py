@@ -1,0 +1,363 @@
+"""This engine vs Hugging Face transformers on one NVIDIA GPU, in one invocation.
+
+    python bench/cuda_vs_transformers.py --json cuda.json   # Qwen2-0.5B shape, random bf16 weights, no download
+    python bench/cuda_vs_transformers.py --check            # plugin_cuda's tests + greedy parity vs the reference
+    python bench/cuda_vs_transformers.py --tiny --device cpu_x86 --dtype float32   # the same code on a CPU
+
+Parts run in subprocesses, each with the device to itself (a part that fails is reported, the
+others still run): ``prepare`` (copy bandwidth, matmul rate, the random-weight model written
+to a folder), this engine with CUDA graphs, this engine with ``enforce_eager``, and transformers
+``generate``. Batch-1 decode: 256 tokens after the first over the time since the first (greedy,
+EOS ignored, best of two, after a warm-up). Prefill: N prompts, one output token each. Batched:
+N x (prompt + gen) random-token prompts (the same for both systems), generated tok/s incl. prefill.
+Floors: weight bytes / copy bandwidth per decode step; prefill FLOPs / matmul rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+#: Qwen2-0.5B's published config (494M parameters, tied embeddings)
+QWEN2_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+             "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151643}  # fmt: skip
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 1024,
+        "initializer_range": 0.2}  # fmt: skip
+#: sizes of a full run and of --tiny: decode tokens, concurrency, prompt, generated, copy MiB, matmul sizes
+SIZES = {"full": (256, 64, 128, 256, 1024, (4096, 8192)), "tiny": (16, 4, 16, 16, 64, (256, 512))}
+
+
+def _platform(name: str):
+    from core.discovery import discover, select_platform
+
+    return select_platform(name, discover())
+
+
+def require_device(name: str) -> None:
+    """Exit with the reason when ``name`` cannot run here (before any model is built)."""
+    from plugins import PlatformUnavailable
+
+    try:
+        plat = _platform(name)
+    except PlatformUnavailable as exc:
+        raise SystemExit(f"cuda_vs_transformers: device {name!r} is not usable here: {exc}\n"
+                         "Run it on an NVIDIA GPU machine (plugin_cuda/GPU_CHECKLIST.md), or try the code "
+                         "path on a CPU: --tiny --device cpu_x86 --dtype float32") from None  # fmt: skip
+    if plat.device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"cuda_vs_transformers: torch {torch.__version__} sees no CUDA device")
+
+
+def _timed(fn, sync, repeats: int) -> float:
+    fn()
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _copy_rate(src, sync) -> float:
+    """Bytes/s of a device copy of ``src``, read and write counted."""
+    dst = src.clone()
+    return 2 * src.nbytes / _timed(lambda: dst.copy_(src), sync, 10)
+
+
+def _matmul_rate(x, sync) -> float:
+    """FLOP/s of ``x @ x`` (square, on the device, in its dtype)."""
+    return 2 * x.shape[0] ** 3 / _timed(lambda: x @ x, sync, 10)
+
+
+def part_prepare(a: argparse.Namespace) -> dict:
+    """Copy bandwidth and matmul rate on the device; the random-weight model saved to ``a.model_dir``."""
+    import torch
+    from floors import ModelShape
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    plat = _platform(a.device)
+    dev, sync, dtype = plat.torch_device(), plat.synchronize, getattr(torch, a.dtype)
+    bandwidth = _copy_rate(torch.ones(a.copy_mib * (1 << 20) // 4, device=dev), sync)
+    rates = [_matmul_rate(torch.randn(n, n, device=dev, dtype=dtype), sync) for n in a.matmul_sizes]
+    torch.manual_seed(a.seed)
+    config = Qwen2Config(**(TINY if a.tiny else QWEN2_05B))
+    with torch.device(dev):
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(a.model_dir)
+    weights = [p for p in model.parameters() if p.dim() > 1]  # tied embedding counted once
+    shape = ModelShape(file_bytes=sum(p.nbytes for p in weights), params=sum(p.numel() for p in weights),
+                       embed_params=config.vocab_size * config.hidden_size, tied=config.tie_word_embeddings,
+                       num_layers=config.num_hidden_layers, attn_width=config.hidden_size)  # fmt: skip
+    return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_tflop_s": max(rates) / 1e12, "matmul_sizes": a.matmul_sizes,
+            "shape": shape.__dict__, "device_info": plat.device_info(), "torch": torch.__version__}  # fmt: skip
+
+
+def _prompts(a: argparse.Namespace, vocab: int) -> dict[str, list[list[int]]]:
+    """The same token-id prompts for both systems (``batch`` equals ``run_throughput``'s)."""
+    from core.bench.stats import random_prompts
+
+    return {"decode": random_prompts(1, 8, vocab, a.seed)[0:1], "batch": random_prompts(a.num_seqs, a.prompt_len, vocab, a.seed),
+            "warm": random_prompts(a.num_seqs, a.prompt_len, vocab, a.seed + 1),
+            "prefill": random_prompts(a.num_seqs, a.prompt_len, vocab, a.seed + 2)}  # fmt: skip
+
+
+def part_engine(a: argparse.Namespace) -> dict:
+    """This engine: batch-1 decode, prefill rate and N-way throughput, graphs on or off (``a.eager``)."""
+    import engine_part
+    from core.bench.throughput import run_throughput
+
+    from core import LLM, SamplingParams
+
+    llm = LLM(model=a.model_dir, device=a.device, dtype=a.dtype, skip_tokenizer_init=True, enforce_eager=a.eager,
+              enable_prefix_caching=False, max_num_seqs=a.num_seqs, seed=a.seed,
+              max_model_len=a.prompt_len + max(a.gen_len, a.decode_tokens) + 8)  # fmt: skip
+    p = _prompts(a, llm.engine.loaded.hf_config.vocab_size)
+    result = {"decode_tok_s": engine_part.decode_tok_s(llm, p["decode"][0], a.decode_tokens),
+              "weights_bytes": llm.engine.loaded.weights_bytes, "platform": llm.engine.platform.name}  # fmt: skip
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    llm.generate(prompt_token_ids=p["warm"], sampling_params=one.clone(max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate(prompt_token_ids=p["prefill"], sampling_params=one, use_tqdm=False)
+    result["prefill_tok_s"] = a.num_seqs * a.prompt_len / (time.perf_counter() - start)
+    tp = run_throughput(llm, a.num_seqs, a.prompt_len, a.gen_len, a.seed)
+    result.update(output_tok_s=tp.output_tok_s, throughput=tp.as_dict())
+    return result
+
+
+def part_hf(a: argparse.Namespace) -> dict:
+    """transformers ``generate`` on the same weights and device: batch 1, prefill, N prompts left-padded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    plat = _platform(a.device)
+    dev, sync = plat.torch_device(), plat.synchronize
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=getattr(torch, a.dtype)).to(dev).eval()
+    p = _prompts(a, model.config.vocab_size)
+
+    def batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = torch.tensor(prompt), 1
+        return ids.to(dev), mask.to(dev)
+
+    def seconds(prompts: list[list[int]], new: int, repeats: int) -> float:
+        ids, mask = batch(prompts)
+
+        def gen():
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                     do_sample=False, pad_token_id=0)  # fmt: skip
+            if out.shape[1] - ids.shape[1] != new:
+                raise RuntimeError(f"generate made {out.shape[1] - ids.shape[1]} tokens, asked for {new}")
+
+        return _timed(gen, sync, repeats)
+
+    first, full = seconds(p["decode"], 1, 2), seconds(p["decode"], a.decode_tokens + 1, 2)
+    seconds(p["warm"], 4, 0)
+    elapsed = seconds(p["batch"], a.gen_len, 1)
+    return {"decode_tok_s": a.decode_tokens / (full - first), "output_tok_s": a.num_seqs * a.gen_len / elapsed,
+            "prefill_tok_s": a.num_seqs * a.prompt_len / seconds(p["prefill"], 1, 1), "batched_elapsed_s": elapsed}  # fmt: skip
+
+
+PARTS = {"prepare": part_prepare, "engine": part_engine, "hf": part_hf}
+
+
+def run_part(a: argparse.Namespace, name: str, *extra: str) -> dict:
+    """One part in a fresh interpreter; its result, or ``{"error": ...}`` (also on timeout)."""
+    cmd = [sys.executable, __file__, "--part", name, "--model-dir", a.model_dir, *_common_args(a), *extra]
+    print(f"== {name} {' '.join(extra)} ...", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=a.part_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {a.part_timeout}s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit code {proc.returncode}: {proc.stdout[-500:]}"}
+
+
+def _common_args(a: argparse.Namespace) -> list[str]:
+    args = ["--device", a.device, "--dtype", a.dtype, "--seed", str(a.seed), "--decode-tokens", str(a.decode_tokens)]
+    args += ["--num-seqs", str(a.num_seqs), "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len)]
+    return args + (["--tiny"] if a.tiny else [])
+
+
+def summarize(d: dict) -> list[list[str]]:
+    """Table rows: each system against the floors and against transformers."""
+    from floors import ModelShape, workload_flops
+
+    prep, hf = d.get("prepare", {}), d.get("hf", {})
+    if "error" in prep:
+        return []
+    s, shape = d["setup"], ModelShape(**prep["shape"])
+    bw, rate = prep["bandwidth_gb_s"] * 1e9, prep["matmul_tflop_s"] * 1e12
+    n, pl, gl = s["num_seqs"], s["prompt_len"], s["gen_len"]
+    floor_dec = bw / next(
+        (r["weights_bytes"] for k, r in d.items() if k.startswith("engine") and "weights_bytes" in r), shape.file_bytes
+    )
+    floor_pre = n * pl / (workload_flops(shape, n, pl, 0) / rate)
+    ceiling = n * gl / (workload_flops(shape, n, pl, gl) / rate)
+    f, r = (lambda v: "n/a" if v is None else f"{v:.1f}"), (lambda x, y: "n/a" if not x or not y else f"{x / y:.2f}")
+    rows = [
+        ["physical floor", f(floor_dec), f"{1e3 / floor_dec:.3f}", "1.00", "-", f(floor_pre), "1.00", f(ceiling), "-"]
+    ]
+    for key in ("engine:graphs", "engine:eager", "hf"):
+        res = d.get(key, {})
+        dec, pre, tp = res.get("decode_tok_s"), res.get("prefill_tok_s"), res.get("output_tok_s")
+        label = "transformers generate" if key == "hf" else f"core {key.split(':')[1]}"
+        rows.append([label, f(dec), f"{1e3 / dec:.3f}" if dec else "n/a", r(floor_dec, dec), r(dec, hf.get("decode_tok_s")),
+                     f(pre), r(floor_pre, pre), f(tp), r(tp, hf.get("output_tok_s"))])  # fmt: skip
+        if "error" in res:
+            rows[-1][0] += (
+                " (FAILED: " + res["error"].strip().splitlines()[-1][:200] + ")" if res["error"] else " (FAILED)"
+            )
+    d["summary"] = {"decode_floor_tok_s": floor_dec, "prefill_floor_tok_s": floor_pre, "compute_ceiling_tok_s": ceiling}
+    return rows
+
+
+def header(s: dict) -> list[str]:
+    n, pl, gl = s["num_seqs"], s["prompt_len"], s["gen_len"]
+    return ["system", "b1 decode tok/s", "ms/token", "x floor (<=2)", "vs HF", f"prefill {n}x{pl} tok/s",
+            "x TC floor", f"{n}x({pl}+{gl}) gen tok/s", f"vs HF (>=10 at {n})"]  # fmt: skip
+
+
+def run_check(a: argparse.Namespace) -> int:
+    """plugin_cuda's pytest suite (conformance kit included), then greedy parity vs the reference platform."""
+    import torch
+    from core.bench.report import format_table
+    from plugins.testing import _ReferencePlatform
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from core import LLM, SamplingParams
+
+    tests = subprocess.run([sys.executable, "-m", "pytest", *shlex.split(a.pytest_args)], cwd=HERE.parent).returncode
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**TINY)).save_pretrained(a.model_dir)
+    prompts = [[1, 5, 9, 33, 2], list(range(3, 40)), [7], [(i * 37) % 500 for i in range(100)]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    def tokens(device, dtype: str, eager: bool) -> list[list[int]]:
+        llm = LLM(model=a.model_dir, device=device, dtype=dtype, skip_tokenizer_init=True, seed=0, enforce_eager=eager,
+                  max_num_seqs=8)  # fmt: skip
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        llm.shutdown()
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    rows, failed = [], tests != 0
+    for dtype in ("float32", "bfloat16"):
+        ref = tokens(_ReferencePlatform(), dtype, True)
+        for eager in (False, True):
+            got = tokens(a.device, dtype, eager)
+            same = sum(
+                len(x) if x == y else next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
+                for x, y in zip(got, ref, strict=True)
+            )
+            required = dtype == "float32"  # bf16 rounding differs between backends: reported, not required
+            failed |= required and got != ref
+            rows.append([f"{a.device} {dtype} {'eager' if eager else 'graphs'} vs reference", f"{same}/{sum(map(len, ref))}",
+                         ("PASS" if got == ref else "FAIL") if required else "info"])  # fmt: skip
+    print(format_table(["greedy parity (tiny Qwen2, 4 prompts x 16 tokens)", "same tokens", "verdict"], rows))
+    print(f"pytest {a.pytest_args}: {'passed' if tests == 0 else f'FAILED (exit code {tests})'}")
+    return 1 if failed else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="platform name (cpu_x86 etc. to try the code path off-GPU)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--tiny", action="store_true", help="tiny random model and small sizes (a CPU smoke run)")
+    p.add_argument("--decode-tokens", type=int, help="tokens timed in batch-1 decode (256; --tiny 16)")
+    p.add_argument("--num-seqs", type=int, help="concurrent requests / HF batch (64; --tiny 4)")
+    p.add_argument("--prompt-len", type=int, help="prompt tokens of each batched request (128; --tiny 16)")
+    p.add_argument("--gen-len", type=int, help="generated tokens of each batched request (256; --tiny 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip", default="", help="comma list of parts to skip: graphs, eager, hf")
+    p.add_argument("--part-timeout", type=int, default=240, help="seconds one part may take")
+    p.add_argument("--model-dir", default=None, help="where the random model is written (default: a temp dir)")
+    p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--check", action="store_true", help="run the GPU checks instead of the benchmark")
+    p.add_argument("--pytest-args", default="plugin_cuda/tests -q -rs", help="what --check passes to pytest")
+    p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
+    p.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    decode, seqs, prompt, gen, a.copy_mib, a.matmul_sizes = SIZES["tiny" if a.tiny else "full"]
+    for name, default in (("decode_tokens", decode), ("num_seqs", seqs), ("prompt_len", prompt), ("gen_len", gen)):
+        setattr(a, name, getattr(a, name) or default)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.part:
+        print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
+        return 0
+    require_device(a.device)
+    own_dir = a.model_dir is None
+    a.model_dir = a.model_dir or tempfile.mkdtemp(prefix="cuda_vs_transformers-")
+    try:
+        return run_check(a) if a.check else benchmark(a, argv)
+    finally:
+        if own_dir:
+            shutil.rmtree(a.model_dir, ignore_errors=True)
+
+
+def benchmark(a: argparse.Namespace, argv: list[str] | None) -> int:
+    from core.bench.report import format_table
+
+    skip = set(filter(None, a.skip.split(",")))
+    d: dict = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+               "command": shlex.join(["python", "bench/cuda_vs_transformers.py", *(sys.argv[1:] if argv is None else argv)]),
+               "setup": {k: getattr(a, k) for k in ("device", "dtype", "decode_tokens", "num_seqs", "prompt_len", "gen_len")},
+               "model": "tiny Qwen2" if a.tiny else "Qwen2-0.5B config, random weights"}  # fmt: skip
+    d["prepare"] = run_part(a, "prepare")
+    if "error" not in d["prepare"]:
+        for mode in ("graphs", "eager"):
+            if mode not in skip:
+                d[f"engine:{mode}"] = run_part(a, "engine", *(["--eager"] if mode == "eager" else []))
+        if "hf" not in skip:
+            d["hf"] = run_part(a, "hf")
+    prep = d["prepare"]
+    if "error" in prep:
+        print(f"prepare FAILED: {prep['error']}")
+    else:
+        print(f"{prep['device_info'].get('name', a.device)}: copy {prep['bandwidth_gb_s']:.0f} GB/s (read+write), "
+              f"{a.dtype} matmul {prep['matmul_tflop_s']:.1f} TFLOP/s (best of {prep['matmul_sizes']}^3); "
+              f"model {d['model']}, {prep['shape']['file_bytes'] / 1e6:.0f} MB of matmul weights")  # fmt: skip
+        print(format_table(header(d["setup"]), summarize(d)))
+        graphs, hf = d.get("engine:graphs", {}), d.get("hf", {})
+        if graphs.get("decode_tok_s") and hf.get("output_tok_s"):
+            floor_x = d["summary"]["decode_floor_tok_s"] / graphs["decode_tok_s"]
+            conc_x = graphs["output_tok_s"] / hf["output_tok_s"]
+            print(
+                f"target batch-1 decode within 2x of the bandwidth floor: {floor_x:.2f}x -> {'MET' if floor_x <= 2 else 'NOT MET'}"
+            )
+            print(
+                f"target {a.num_seqs}-concurrency >= 10x transformers: {conc_x:.2f}x -> {'MET' if conc_x >= 10 else 'NOT MET'}"
+            )
+    if a.json:
+        Path(a.json).write_text(json.dumps(d, indent=2, default=str) + "\n")
+    return 1 if any("error" in v for v in d.values() if isinstance(v, dict)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
