@@ -42,6 +42,7 @@ class FakeEngine:
     def __init__(self, step_seconds: float = 0.002) -> None:
         self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(max_model_len=64)
+        self.platform = SimpleNamespace(init_device=lambda config: None)
         self.loaded = SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB), name="fake")
         self.requests: dict[str, dict] = {}
         self.step_seconds = step_seconds
