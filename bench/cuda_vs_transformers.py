@@ -173,7 +173,6 @@ def part_hf(a: argparse.Namespace) -> dict:
         return _timed(gen, sync, repeats)
 
     first, full = seconds(p["decode"], 1, 2), seconds(p["decode"], a.decode_tokens + 1, 2)
-    seconds(p["warm"], 4, 0)
     elapsed = seconds(p["batch"], a.gen_len, 1)
     return {"decode_tok_s": a.decode_tokens / (full - first), "output_tok_s": a.num_seqs * a.gen_len / elapsed,
             "prefill_tok_s": a.num_seqs * a.prompt_len / seconds(p["prefill"], 1, 1), "batched_elapsed_s": elapsed}  # fmt: skip
@@ -186,10 +185,11 @@ def run_part(a: argparse.Namespace, name: str, *extra: str) -> dict:
     """One part in a fresh interpreter; its result, or ``{"error": ...}`` (also on timeout)."""
     cmd = [sys.executable, __file__, "--part", name, "--model-dir", a.model_dir, *_common_args(a), *extra]
     print(f"== {name} {' '.join(extra)} ...", file=sys.stderr, flush=True)
+    limit = min(a.part_timeout, a.deadline - time.monotonic())  # leave the table time to print before --budget-s
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=a.part_timeout)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=max(limit, 1))
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {a.part_timeout}s"}
+        return {"error": f"timed out after {limit:.0f}s (--part-timeout {a.part_timeout}, --budget-s {a.budget_s})"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -202,43 +202,34 @@ def _common_args(a: argparse.Namespace) -> list[str]:
     return args + (["--tiny"] if a.tiny else [])
 
 
-def summarize(d: dict) -> list[list[str]]:
-    """Table rows: each system against the floors and against transformers."""
+def summarize(d: dict) -> tuple[list[str], list[list[str]]]:
+    """The comparison table (header, rows); the floors and the two targets' ratios go to ``d["summary"]``."""
     from floors import ModelShape, workload_flops
 
-    prep, hf = d.get("prepare", {}), d.get("hf", {})
-    if "error" in prep:
-        return []
-    s, shape = d["setup"], ModelShape(**prep["shape"])
-    bw, rate = prep["bandwidth_gb_s"] * 1e9, prep["matmul_tflop_s"] * 1e12
+    prep, hf, s = d["prepare"], d.get("hf", {}), d["setup"]
+    shape, bw, rate = ModelShape(**prep["shape"]), prep["bandwidth_gb_s"] * 1e9, prep["matmul_tflop_s"] * 1e12
     n, pl, gl = s["num_seqs"], s["prompt_len"], s["gen_len"]
-    floor_dec = bw / next(
-        (r["weights_bytes"] for k, r in d.items() if k.startswith("engine") and "weights_bytes" in r), shape.file_bytes
-    )
+    weights = [r["weights_bytes"] for k, r in d.items() if k.startswith("engine") and "weights_bytes" in r]
+    floor_dec = bw / (weights or [shape.file_bytes])[0]  # the engine's weights in memory; one read per decode step
     floor_pre = n * pl / (workload_flops(shape, n, pl, 0) / rate)
     ceiling = n * gl / (workload_flops(shape, n, pl, gl) / rate)
-    f, r = (lambda v: "n/a" if v is None else f"{v:.1f}"), (lambda x, y: "n/a" if not x or not y else f"{x / y:.2f}")
+    f, r = (lambda v: "n/a" if not v else f"{v:.1f}"), (lambda x, y: None if not x or not y else x / y)
     rows = [
         ["physical floor", f(floor_dec), f"{1e3 / floor_dec:.3f}", "1.00", "-", f(floor_pre), "1.00", f(ceiling), "-"]
     ]
     for key in ("engine:graphs", "engine:eager", "hf"):
         res = d.get(key, {})
         dec, pre, tp = res.get("decode_tok_s"), res.get("prefill_tok_s"), res.get("output_tok_s")
-        label = "transformers generate" if key == "hf" else f"core {key.split(':')[1]}"
-        rows.append([label, f(dec), f"{1e3 / dec:.3f}" if dec else "n/a", r(floor_dec, dec), r(dec, hf.get("decode_tok_s")),
-                     f(pre), r(floor_pre, pre), f(tp), r(tp, hf.get("output_tok_s"))])  # fmt: skip
-        if "error" in res:
-            rows[-1][0] += (
-                " (FAILED: " + res["error"].strip().splitlines()[-1][:200] + ")" if res["error"] else " (FAILED)"
-            )
-    d["summary"] = {"decode_floor_tok_s": floor_dec, "prefill_floor_tok_s": floor_pre, "compute_ceiling_tok_s": ceiling}
-    return rows
-
-
-def header(s: dict) -> list[str]:
-    n, pl, gl = s["num_seqs"], s["prompt_len"], s["gen_len"]
+        cells = [r(floor_dec, dec), r(dec, hf.get("decode_tok_s")), r(floor_pre, pre), r(tp, hf.get("output_tok_s"))]
+        x_floor, x_hf, x_pre, x_tp = ("n/a" if c is None else f"{c:.2f}" for c in cells)
+        label = ("transformers generate" if key == "hf" else f"core {key[7:]}") + (" FAILED" if "error" in res else "")
+        rows.append([label, f(dec), f"{1e3 / dec:.3f}" if dec else "n/a", x_floor, x_hf, f(pre), x_pre, f(tp), x_tp])
+        if key == "engine:graphs":
+            decode_x_floor, concurrency_x_hf = cells[0], cells[3]
+    d["summary"] = {"decode_floor_tok_s": floor_dec, "prefill_floor_tok_s": floor_pre, "compute_ceiling_tok_s": ceiling,
+                    "decode_x_floor": decode_x_floor, "concurrency_x_hf": concurrency_x_hf}  # fmt: skip
     return ["system", "b1 decode tok/s", "ms/token", "x floor (<=2)", "vs HF", f"prefill {n}x{pl} tok/s",
-            "x TC floor", f"{n}x({pl}+{gl}) gen tok/s", f"vs HF (>=10 at {n})"]  # fmt: skip
+            "x TC floor", f"{n}x({pl}+{gl}) gen tok/s", f"vs HF (>=10 at {n})"], rows  # fmt: skip
 
 
 def run_check(a: argparse.Namespace) -> int:
@@ -293,6 +284,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="", help="comma list of parts to skip: graphs, eager, hf")
     p.add_argument("--part-timeout", type=int, default=240, help="seconds one part may take")
+    p.add_argument("--budget-s", type=int, default=540, help="seconds all parts may take together")
     p.add_argument("--model-dir", default=None, help="where the random model is written (default: a temp dir)")
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--check", action="store_true", help="run the GPU checks instead of the benchmark")
@@ -312,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
         return 0
     require_device(a.device)
+    a.deadline = time.monotonic() + a.budget_s
     own_dir = a.model_dir is None
     a.model_dir = a.model_dir or tempfile.mkdtemp(prefix="cuda_vs_transformers-")
     try:
@@ -337,23 +330,18 @@ def benchmark(a: argparse.Namespace, argv: list[str] | None) -> int:
         if "hf" not in skip:
             d["hf"] = run_part(a, "hf")
     prep = d["prepare"]
-    if "error" in prep:
-        print(f"prepare FAILED: {prep['error']}")
-    else:
+    if "error" not in prep:
         print(f"{prep['device_info'].get('name', a.device)}: copy {prep['bandwidth_gb_s']:.0f} GB/s (read+write), "
-              f"{a.dtype} matmul {prep['matmul_tflop_s']:.1f} TFLOP/s (best of {prep['matmul_sizes']}^3); "
-              f"model {d['model']}, {prep['shape']['file_bytes'] / 1e6:.0f} MB of matmul weights")  # fmt: skip
-        print(format_table(header(d["setup"]), summarize(d)))
-        graphs, hf = d.get("engine:graphs", {}), d.get("hf", {})
-        if graphs.get("decode_tok_s") and hf.get("output_tok_s"):
-            floor_x = d["summary"]["decode_floor_tok_s"] / graphs["decode_tok_s"]
-            conc_x = graphs["output_tok_s"] / hf["output_tok_s"]
-            print(
-                f"target batch-1 decode within 2x of the bandwidth floor: {floor_x:.2f}x -> {'MET' if floor_x <= 2 else 'NOT MET'}"
-            )
-            print(
-                f"target {a.num_seqs}-concurrency >= 10x transformers: {conc_x:.2f}x -> {'MET' if conc_x >= 10 else 'NOT MET'}"
-            )
+              f"{a.dtype} matmul {prep['matmul_tflop_s']:.3g} TFLOP/s (best of {prep['matmul_sizes']}^3); "
+              f"model {d['model']}, {prep['shape']['file_bytes'] / 1e6:.3g} MB of matmul weights")  # fmt: skip
+        print(format_table(*summarize(d)))
+        for text, key, met in (("batch-1 decode time / bandwidth floor, target <= 2", "decode_x_floor", lambda x: x <= 2),
+                               (f"{a.num_seqs}-concurrency / transformers, target >= 10", "concurrency_x_hf", lambda x: x >= 10)):  # fmt: skip
+            x = d["summary"][key]
+            print(f"{text}: " + ("n/a" if x is None else f"{x:.2f}, {'met' if met(x) else 'NOT MET'}"))
+    for key, res in d.items():
+        if isinstance(res, dict) and "error" in res:
+            print(f"{key} FAILED: {res['error'].strip()[-300:]}")
     if a.json:
         Path(a.json).write_text(json.dumps(d, indent=2, default=str) + "\n")
     return 1 if any("error" in v for v in d.values() if isinstance(v, dict)) else 0
