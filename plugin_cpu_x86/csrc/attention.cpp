@@ -26,80 +26,81 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
                    long table_stride, long tokens, long num_seqs, long hq, long hk, long d,
                    long block_size, float scale, int nthreads) {
   const long group = hq / hk;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (tokens * hk > 1)
-  for (long item = 0; item < tokens * hk; ++item) {
-    const long t = item / hk, kvh = item % hk;
-    T *o = out + (t * hq + kvh * group) * d;
-    const long s = find_seq(starts, num_seqs, t);
-    const long seq_len = s < 0 ? 0 : seq_lens[s];
-    if (seq_len == 0) {  // padding token / sequence: defined as zeros
-      for (long i = 0; i < group * d; ++i) from_f32(0.0f, &o[i]);
-      continue;
-    }
-    const long q_len = starts[s + 1] - starts[s];
-    const long n_keys = seq_len - q_len + (t - starts[s]) + 1;
-    const int32_t *table = tables + s * table_stride;
-
-    float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
-    float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
-    for (long g = 0; g < group; ++g) {
-      const T *qg = q + t * q_stride + (kvh * group + g) * d;
-      for (long i = 0; i < d; ++i) {
-        qf[g][i] = to_f32(qg[i]) * scale;
-        acc[g][i] = 0.0f;
+  parallel_for(tokens * hk, 1, nthreads, tokens * hk > 1, [&](long lo, long hi) {
+    for (long item = lo; item < hi; ++item) {
+      const long t = item / hk, kvh = item % hk;
+      T *o = out + (t * hq + kvh * group) * d;
+      const long s = find_seq(starts, num_seqs, t);
+      const long seq_len = s < 0 ? 0 : seq_lens[s];
+      if (seq_len == 0) {  // padding token / sequence: defined as zeros
+        for (long i = 0; i < group * d; ++i) from_f32(0.0f, &o[i]);
+        continue;
       }
-      m[g] = -3.0e38f;
-      l[g] = 0.0f;
-    }
-    for (long j0 = 0; j0 < n_keys; j0 += kChunk) {
-      const long n = imin_(kChunk, n_keys - j0);
-      const T *krow[kChunk], *vrow[kChunk];
-      for (long j = 0; j < n; ++j) {
-        const long pos = j0 + j;
-        const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
-        krow[j] = kc + (slot * hk + kvh) * d;
-        vrow[j] = vc + (slot * hk + kvh) * d;
+      const long q_len = starts[s + 1] - starts[s];
+      const long n_keys = seq_len - q_len + (t - starts[s]) + 1;
+      const int32_t *table = tables + s * table_stride;
+  
+      float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
+      float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
+      for (long g = 0; g < group; ++g) {
+        const T *qg = q + t * q_stride + (kvh * group + g) * d;
+        for (long i = 0; i < d; ++i) {
+          qf[g][i] = to_f32(qg[i]) * scale;
+          acc[g][i] = 0.0f;
+        }
+        m[g] = -3.0e38f;
+        l[g] = 0.0f;
       }
-      for (long j = 0; j < n; ++j) {
-        const T *kr = krow[j];
+      for (long j0 = 0; j0 < n_keys; j0 += kChunk) {
+        const long n = imin_(kChunk, n_keys - j0);
+        const T *krow[kChunk], *vrow[kChunk];
+        for (long j = 0; j < n; ++j) {
+          const long pos = j0 + j;
+          const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
+          krow[j] = kc + (slot * hk + kvh) * d;
+          vrow[j] = vc + (slot * hk + kvh) * d;
+        }
+        for (long j = 0; j < n; ++j) {
+          const T *kr = krow[j];
+          for (long g = 0; g < group; ++g) {
+            float dot = 0.0f;
+  #pragma omp simd reduction(+ : dot)
+            for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(kr[i]);
+            p[g][j] = dot;
+          }
+        }
         for (long g = 0; g < group; ++g) {
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(kr[i]);
-          p[g][j] = dot;
+          float mx = m[g];
+          for (long j = 0; j < n; ++j) mx = fmax_(mx, p[g][j]);
+          const float corr = fast_exp(m[g] - mx);
+          float sum = 0.0f;
+  #pragma omp simd reduction(+ : sum)
+          for (long j = 0; j < n; ++j) {
+            p[g][j] = fast_exp(p[g][j] - mx);
+            sum += p[g][j];
+          }
+          l[g] = l[g] * corr + sum;
+          m[g] = mx;
+          if (corr != 1.0f) {
+  #pragma omp simd
+            for (long i = 0; i < d; ++i) acc[g][i] *= corr;
+          }
+        }
+        for (long j = 0; j < n; ++j) {
+          const T *vr = vrow[j];
+          for (long g = 0; g < group; ++g) {
+            const float pj = p[g][j];
+  #pragma omp simd
+            for (long i = 0; i < d; ++i) acc[g][i] += pj * to_f32(vr[i]);
+          }
         }
       }
       for (long g = 0; g < group; ++g) {
-        float mx = m[g];
-        for (long j = 0; j < n; ++j) mx = fmax_(mx, p[g][j]);
-        const float corr = fast_exp(m[g] - mx);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (long j = 0; j < n; ++j) {
-          p[g][j] = fast_exp(p[g][j] - mx);
-          sum += p[g][j];
-        }
-        l[g] = l[g] * corr + sum;
-        m[g] = mx;
-        if (corr != 1.0f) {
-#pragma omp simd
-          for (long i = 0; i < d; ++i) acc[g][i] *= corr;
-        }
-      }
-      for (long j = 0; j < n; ++j) {
-        const T *vr = vrow[j];
-        for (long g = 0; g < group; ++g) {
-          const float pj = p[g][j];
-#pragma omp simd
-          for (long i = 0; i < d; ++i) acc[g][i] += pj * to_f32(vr[i]);
-        }
+        const float inv = 1.0f / l[g];
+        for (long i = 0; i < d; ++i) from_f32(acc[g][i] * inv, &o[g * d + i]);
       }
     }
-    for (long g = 0; g < group; ++g) {
-      const float inv = 1.0f / l[g];
-      for (long i = 0; i < d; ++i) from_f32(acc[g][i] * inv, &o[g * d + i]);
-    }
-  }
+  });
 }
 
 }  // namespace CX86_NS

@@ -15,6 +15,8 @@
 #include <immintrin.h>
 #endif
 
+#include "pool.h"
+
 #ifndef CX86_ISA
 #error "CX86_ISA must name the ISA this translation unit is built for"
 #endif
@@ -88,6 +90,30 @@ static inline float fast_exp(float x) {
   p = p * r * r + r + 1.0f;
   int32_t e = (int32_t)n + 127;
   return p * bits_to_float((uint32_t)e << 23);
+}
+
+// body(lo, hi) over [0, n) in chunks of `chunk` on the pool (pool.cpp); all inline when
+// !parallel (too little work to be worth waking another thread)
+template <typename F>
+static void parallel_for(long n, long chunk, int nthreads, bool parallel, F &&body) {
+  if (n <= 0) return;
+  chunk = chunk < 1 ? 1 : chunk;
+  struct Job {
+    F *body;
+    long n, chunk;
+  } job = {&body, n, chunk};
+  const long chunks = (n + chunk - 1) / chunk;
+  if (!parallel || nthreads <= 1 || chunks <= 1) {
+    body(0L, n);
+    return;
+  }
+  cx86_parallel(
+      [](void *p, long i) {
+        const Job *j = (const Job *)p;
+        const long lo = i * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
+        (*j->body)(lo, hi);
+      },
+      &job, chunks, nthreads);
 }
 
 }  // namespace CX86_NS

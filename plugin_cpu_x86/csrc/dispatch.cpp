@@ -9,6 +9,8 @@
 #include <sched.h>
 #include <stdint.h>
 
+#include "pool.h"
+
 // feature bits, shared with Python (plugin_cpu_x86/native.py)
 enum {
   CX86_HAS_AVX2 = 1 << 0,
@@ -59,10 +61,11 @@ int cx86_cpu_features(void) {
   return f;
 }
 
-// Pin OpenMP thread i of a team of n to cpus[i]; later teams of the calling thread
-// reuse these pooled threads. Returns the number of threads that failed to pin.
+// Pin OpenMP thread i of a team of n to cpus[i] (torch's ops: later teams of the
+// calling thread reuse these pooled threads) and the kernels' own pool (pool.cpp).
+// Returns the number of threads that failed to pin.
 int cx86_bind_threads(const int *cpus, int n) {
-  int failed = 0;
+  int failed = cx86_pin_pool(cpus, n);
 #pragma omp parallel num_threads(n) reduction(+ : failed)
   {
     cpu_set_t set;

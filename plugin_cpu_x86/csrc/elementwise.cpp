@@ -7,76 +7,81 @@ namespace CX86_NS {
 
 // a parallel region only pays off above this many elements (two cores wake in ~us)
 static const long kParallelMin = 1L << 15;
+// rows a thread takes at a time: a few chunks per thread, so a late thread is covered
+static inline long rows_chunk(long rows, int nthreads) { return (rows + 4L * nthreads - 1) / (4L * nthreads); }
 
 template <typename T, typename W>
 static void rms_norm_rows(T *out, T *res_out, const T *x, long x_stride, const T *res,
                           long res_stride, const W *w, long rows, long n, float eps,
                           int nthreads) {
-#pragma omp parallel for num_threads(nthreads) if (rows * n >= kParallelMin) schedule(static)
-  for (long r = 0; r < rows; ++r) {
-    const T *xr = x + r * x_stride;
-    T *o = out + r * n;
-    float ss = 0.0f;
-    if (res) {
-      // the rounded sum is both the new residual and the norm's input (as the reference)
-      const T *rr = res + r * res_stride;
-      T *ro = res_out + r * n;
-#pragma omp simd reduction(+ : ss)
-      for (long i = 0; i < n; ++i) {
-        T s;
-        from_f32(to_f32(xr[i]) + to_f32(rr[i]), &s);
-        ro[i] = s;
-        float f = to_f32(s);
-        ss += f * f;
+  parallel_for(rows, rows_chunk(rows, nthreads), nthreads, rows * n >= kParallelMin, [&](long lo, long hi) {
+    for (long r = lo; r < hi; ++r) {
+      const T *xr = x + r * x_stride;
+      T *o = out + r * n;
+      float ss = 0.0f;
+      if (res) {
+        // the rounded sum is both the new residual and the norm's input (as the reference)
+        const T *rr = res + r * res_stride;
+        T *ro = res_out + r * n;
+  #pragma omp simd reduction(+ : ss)
+        for (long i = 0; i < n; ++i) {
+          T s;
+          from_f32(to_f32(xr[i]) + to_f32(rr[i]), &s);
+          ro[i] = s;
+          float f = to_f32(s);
+          ss += f * f;
+        }
+        xr = ro;
+      } else {
+  #pragma omp simd reduction(+ : ss)
+        for (long i = 0; i < n; ++i) {
+          float f = to_f32(xr[i]);
+          ss += f * f;
+        }
       }
-      xr = ro;
-    } else {
-#pragma omp simd reduction(+ : ss)
-      for (long i = 0; i < n; ++i) {
-        float f = to_f32(xr[i]);
-        ss += f * f;
-      }
+      float inv = 1.0f / __builtin_sqrtf(ss / (float)n + eps);
+  #pragma omp simd
+      for (long i = 0; i < n; ++i) from_f32(to_f32(xr[i]) * inv * to_f32(w[i]), &o[i]);
     }
-    float inv = 1.0f / __builtin_sqrtf(ss / (float)n + eps);
-#pragma omp simd
-    for (long i = 0; i < n; ++i) from_f32(to_f32(xr[i]) * inv * to_f32(w[i]), &o[i]);
-  }
+  });
 }
 
 template <typename T, typename C>
 static void rotary_rows(T *out, const T *x, long row_stride, long heads, long d,
                         const int64_t *pos, const C *cache, long rows, int nthreads) {
   long half = d / 2;
-#pragma omp parallel for num_threads(nthreads) if (rows * heads * d >= kParallelMin) schedule(static)
-  for (long r = 0; r < rows; ++r) {
-    const C *cs = cache + pos[r] * d;
-    for (long h = 0; h < heads; ++h) {
-      const T *xi = x + r * row_stride + h * d;
-      T *o = out + (r * heads + h) * d;
-#pragma omp simd
-      for (long i = 0; i < half; ++i) {
-        float c = to_f32(cs[i]), s = to_f32(cs[half + i]);
-        float x1 = to_f32(xi[i]), x2 = to_f32(xi[half + i]);
-        from_f32(x1 * c - x2 * s, &o[i]);
-        from_f32(x2 * c + x1 * s, &o[half + i]);
+  parallel_for(rows, rows_chunk(rows, nthreads), nthreads, rows * heads * d >= kParallelMin, [&](long lo, long hi) {
+    for (long r = lo; r < hi; ++r) {
+      const C *cs = cache + pos[r] * d;
+      for (long h = 0; h < heads; ++h) {
+        const T *xi = x + r * row_stride + h * d;
+        T *o = out + (r * heads + h) * d;
+  #pragma omp simd
+        for (long i = 0; i < half; ++i) {
+          float c = to_f32(cs[i]), s = to_f32(cs[half + i]);
+          float x1 = to_f32(xi[i]), x2 = to_f32(xi[half + i]);
+          from_f32(x1 * c - x2 * s, &o[i]);
+          from_f32(x2 * c + x1 * s, &o[half + i]);
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T>
 static void silu_mul_rows(T *out, const T *x, long x_stride, long rows, long inter, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) if (rows * inter >= kParallelMin) schedule(static)
-  for (long r = 0; r < rows; ++r) {
-    const T *g = x + r * x_stride;
-    const T *u = g + inter;
-    T *o = out + r * inter;
-#pragma omp simd
-    for (long i = 0; i < inter; ++i) {
-      float gf = to_f32(g[i]);
-      from_f32(gf / (1.0f + fast_exp(-gf)) * to_f32(u[i]), &o[i]);
+  parallel_for(rows, rows_chunk(rows, nthreads), nthreads, rows * inter >= kParallelMin, [&](long lo, long hi) {
+    for (long r = lo; r < hi; ++r) {
+      const T *g = x + r * x_stride;
+      const T *u = g + inter;
+      T *o = out + r * inter;
+  #pragma omp simd
+      for (long i = 0; i < inter; ++i) {
+        float gf = to_f32(g[i]);
+        from_f32(gf / (1.0f + fast_exp(-gf)) * to_f32(u[i]), &o[i]);
+      }
     }
-  }
+  });
 }
 
 }  // namespace CX86_NS

@@ -118,24 +118,25 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
                       long rows, long n, long k, T *out, const void *bias,
                       int bias_dt, int nthreads) {
   const long rb = row_bytes(QT, k), nb = k / kBlock, chunk = row_chunk(n, nthreads);
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, chunk) if (n * k >= (1L << 16))
-  for (long j = 0; j < n; ++j) {
-    const uint8_t *wr = w + j * rb;
-    const float scale = row_scale ? row_scale[j] : 1.0f;
-    const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
-    float sums[kRows];
-    for (long t0 = 0; t0 < rows; t0 += kRows) {
-      const long tt = rows - t0 < kRows ? rows - t0 : kRows;
-      const float *xt = x + t0 * xs;
-      switch (tt) {
-        case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
-        case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
-        case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
-        default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+  parallel_for(n, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
+    for (long j = lo; j < hi; ++j) {
+      const uint8_t *wr = w + j * rb;
+      const float scale = row_scale ? row_scale[j] : 1.0f;
+      const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
+      float sums[kRows];
+      for (long t0 = 0; t0 < rows; t0 += kRows) {
+        const long tt = rows - t0 < kRows ? rows - t0 : kRows;
+        const float *xt = x + t0 * xs;
+        switch (tt) {
+          case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
+          case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
+          case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
+          default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+        }
+        for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
       }
-      for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
     }
-  }
+  });
 }
 
 template <typename T>

@@ -168,23 +168,24 @@ static void matmul_rows(const uint8_t *w, const float *row_scale, const QAct &a,
                         long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   const long rb = row_bytes(QT, k);
   const long chunk = row_chunk(n, nthreads);
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, chunk) if (n * k >= (1L << 16))
-  for (long j = 0; j < n; ++j) {
-    const uint8_t *wr = w + j * rb;
-    const float scale = row_scale ? row_scale[j] : 1.0f;
-    const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
-    float sums[kTile];
-    for (long t0 = 0; t0 < rows; t0 += kTile) {
-      const long tt = rows - t0 < kTile ? rows - t0 : kTile;
-      switch (tt) {
-        case 1: row_dot<QT, 1>(wr, a, t0, k, sums); break;
-        case 2: row_dot<QT, 2>(wr, a, t0, k, sums); break;
-        case 3: row_dot<QT, 3>(wr, a, t0, k, sums); break;
-        default: row_dot<QT, 4>(wr, a, t0, k, sums); break;
+  parallel_for(n, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
+    for (long j = lo; j < hi; ++j) {
+      const uint8_t *wr = w + j * rb;
+      const float scale = row_scale ? row_scale[j] : 1.0f;
+      const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
+      float sums[kTile];
+      for (long t0 = 0; t0 < rows; t0 += kTile) {
+        const long tt = rows - t0 < kTile ? rows - t0 : kTile;
+        switch (tt) {
+          case 1: row_dot<QT, 1>(wr, a, t0, k, sums); break;
+          case 2: row_dot<QT, 2>(wr, a, t0, k, sums); break;
+          case 3: row_dot<QT, 3>(wr, a, t0, k, sums); break;
+          default: row_dot<QT, 4>(wr, a, t0, k, sums); break;
+        }
+        for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
       }
-      for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
     }
-  }
+  });
 }
 
 template <typename T>
@@ -234,28 +235,29 @@ int CX86_FN(quant_matmul)(int qt, const void *w, const float *row_scale, long n,
 void CX86_FN(dequantize)(int qt, const void *w, const float *row_scale, long k, long r0,
                          long r1, float *out, int nthreads) {
   const long rb = row_bytes(qt, k), nb = k / kBlock, bb = block_bytes(qt);
-#pragma omp parallel for num_threads(nthreads) schedule(static) if ((r1 - r0) * k >= (1L << 16))
-  for (long r = r0; r < r1; ++r) {
-    const uint8_t *wr = (const uint8_t *)w + r * rb;
-    float *o = out + (r - r0) * k;
-    for (long b = 0; b < nb; ++b) {
-      const uint8_t *p = wr + b * bb;
-      float *ob = o + b * kBlock;
-      if (qt == CX86_Q8_0 || qt == CX86_INT8) {
-        const float d = qt == CX86_INT8 ? row_scale[r] : read_half(p);
-        const int8_t *q = (const int8_t *)(qt == CX86_INT8 ? p : p + 2);
-        for (int i = 0; i < kBlock; ++i) ob[i] = d * (float)q[i];
-      } else {
-        const float d = read_half(p);
-        const float m = qt == CX86_Q4_1 ? read_half(p + 2) : -8.0f * d;
-        const uint8_t *q = p + (qt == CX86_Q4_1 ? 4 : 2);
-        for (int j = 0; j < 16; ++j) {
-          ob[j] = d * (float)(q[j] & 0x0f) + m;
-          ob[j + 16] = d * (float)(q[j] >> 4) + m;
+  parallel_for(r1 - r0, row_chunk(r1 - r0, nthreads), nthreads, (r1 - r0) * k >= (1L << 16), [&](long lo, long hi) {
+    for (long r = r0 + lo; r < r0 + hi; ++r) {
+      const uint8_t *wr = (const uint8_t *)w + r * rb;
+      float *o = out + (r - r0) * k;
+      for (long b = 0; b < nb; ++b) {
+        const uint8_t *p = wr + b * bb;
+        float *ob = o + b * kBlock;
+        if (qt == CX86_Q8_0 || qt == CX86_INT8) {
+          const float d = qt == CX86_INT8 ? row_scale[r] : read_half(p);
+          const int8_t *q = (const int8_t *)(qt == CX86_INT8 ? p : p + 2);
+          for (int i = 0; i < kBlock; ++i) ob[i] = d * (float)q[i];
+        } else {
+          const float d = read_half(p);
+          const float m = qt == CX86_Q4_1 ? read_half(p + 2) : -8.0f * d;
+          const uint8_t *q = p + (qt == CX86_Q4_1 ? 4 : 2);
+          for (int j = 0; j < 16; ++j) {
+            ob[j] = d * (float)(q[j] & 0x0f) + m;
+            ob[j + 16] = d * (float)(q[j] >> 4) + m;
+          }
         }
       }
     }
-  }
+  });
 }
 
 }  // extern "C"
