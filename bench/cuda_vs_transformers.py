@@ -222,7 +222,9 @@ def summarize(d: dict) -> tuple[list[str], list[list[str]]]:
         dec, pre, tp = res.get("decode_tok_s"), res.get("prefill_tok_s"), res.get("output_tok_s")
         cells = [r(floor_dec, dec), r(dec, hf.get("decode_tok_s")), r(floor_pre, pre), r(tp, hf.get("output_tok_s"))]
         x_floor, x_hf, x_pre, x_tp = ("n/a" if c is None else f"{c:.2f}" for c in cells)
-        label = ("transformers generate" if key == "hf" else f"core {key[7:]}") + (" FAILED" if "error" in res else "")
+        label = ("transformers generate" if key == "hf" else f"core {key[7:]}") + (
+            " FAILED" if "error" in res else "" if key in d else " (skipped)"
+        )
         rows.append([label, f(dec), f"{1e3 / dec:.3f}" if dec else "n/a", x_floor, x_hf, f(pre), x_pre, f(tp), x_tp])
         if key == "engine:graphs":
             decode_x_floor, concurrency_x_hf = cells[0], cells[3]
