@@ -76,17 +76,6 @@ def _timed(fn, sync, repeats: int) -> float:
     return best
 
 
-def _copy_rate(src, sync) -> float:
-    """Bytes/s of a device copy of ``src``, read and write counted."""
-    dst = src.clone()
-    return 2 * src.nbytes / _timed(lambda: dst.copy_(src), sync, 10)
-
-
-def _matmul_rate(x, sync) -> float:
-    """FLOP/s of ``x @ x`` (square, on the device, in its dtype)."""
-    return 2 * x.shape[0] ** 3 / _timed(lambda: x @ x, sync, 10)
-
-
 def part_prepare(a: argparse.Namespace) -> dict:
     """Copy bandwidth and matmul rate on the device; the random-weight model saved to ``a.model_dir``."""
     import torch
@@ -95,8 +84,11 @@ def part_prepare(a: argparse.Namespace) -> dict:
 
     plat = _platform(a.device)
     dev, sync, dtype = plat.torch_device(), plat.synchronize, getattr(torch, a.dtype)
-    bandwidth = _copy_rate(torch.ones(a.copy_mib * (1 << 20) // 4, device=dev), sync)
-    rates = [_matmul_rate(torch.randn(n, n, device=dev, dtype=dtype), sync) for n in a.matmul_sizes]
+    src = torch.ones(a.copy_mib * (1 << 20) // 4, device=dev)
+    dst = src.clone()
+    bandwidth = 2 * src.nbytes / _timed(lambda: dst.copy_(src), sync, 10)  # bytes read + written
+    mats = [torch.randn(n, n, device=dev, dtype=dtype) for n in a.matmul_sizes]
+    rate = max(2 * x.shape[0] ** 3 / _timed(lambda x=x: x @ x, sync, 10) for x in mats)
     torch.manual_seed(a.seed)
     config = Qwen2Config(**(TINY if a.tiny else QWEN2_05B))
     with torch.device(dev):
@@ -106,7 +98,7 @@ def part_prepare(a: argparse.Namespace) -> dict:
     shape = ModelShape(file_bytes=sum(p.nbytes for p in weights), params=sum(p.numel() for p in weights),
                        embed_params=config.vocab_size * config.hidden_size, tied=config.tie_word_embeddings,
                        num_layers=config.num_hidden_layers, attn_width=config.hidden_size)  # fmt: skip
-    return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_tflop_s": max(rates) / 1e12, "matmul_sizes": a.matmul_sizes,
+    return {"bandwidth_gb_s": bandwidth / 1e9, "matmul_tflop_s": rate / 1e12, "matmul_sizes": a.matmul_sizes,
             "shape": shape.__dict__, "device_info": plat.device_info(), "torch": torch.__version__}  # fmt: skip
 
 
@@ -183,7 +175,11 @@ PARTS = {"prepare": part_prepare, "engine": part_engine, "hf": part_hf}
 
 def run_part(a: argparse.Namespace, name: str, *extra: str) -> dict:
     """One part in a fresh interpreter; its result, or ``{"error": ...}`` (also on timeout)."""
-    cmd = [sys.executable, __file__, "--part", name, "--model-dir", a.model_dir, *_common_args(a), *extra]
+    cmd = [sys.executable, __file__, "--part", name, "--model-dir", a.model_dir]
+    cmd += ["--device", a.device, "--dtype", a.dtype]
+    sizes = ("seed", "decode_tokens", "num_seqs", "prompt_len", "gen_len")
+    cmd += [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in sizes]
+    cmd += [*extra, *(["--tiny"] if a.tiny else [])]
     print(f"== {name} {' '.join(extra)} ...", file=sys.stderr, flush=True)
     limit = min(a.part_timeout, a.deadline - time.monotonic())  # leave the table time to print before --budget-s
     try:
@@ -194,12 +190,6 @@ def run_part(a: argparse.Namespace, name: str, *extra: str) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     return {"error": f"exit code {proc.returncode}: {proc.stdout[-500:]}"}
-
-
-def _common_args(a: argparse.Namespace) -> list[str]:
-    args = ["--device", a.device, "--dtype", a.dtype, "--seed", str(a.seed), "--decode-tokens", str(a.decode_tokens)]
-    args += ["--num-seqs", str(a.num_seqs), "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len)]
-    return args + (["--tiny"] if a.tiny else [])
 
 
 def summarize(d: dict) -> tuple[list[str], list[list[str]]]:
@@ -261,10 +251,7 @@ def run_check(a: argparse.Namespace) -> int:
         ref = tokens(_ReferencePlatform(), dtype, True)
         for eager in (False, True):
             got = tokens(a.device, dtype, eager)
-            same = sum(
-                len(x) if x == y else next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
-                for x, y in zip(got, ref, strict=True)
-            )
+            same = sum(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) for x, y in zip(got, ref))  # noqa: B905
             required = dtype == "float32"  # bf16 rounding differs between backends: reported, not required
             failed |= required and got != ref
             rows.append([f"{a.device} {dtype} {'eager' if eager else 'graphs'} vs reference", f"{same}/{sum(map(len, ref))}",
