@@ -26,8 +26,17 @@ static inline void decode_block(const uint8_t *p, __m256 w[4]) {
     }
     return;
   }
-  const __m256 d = _mm256_set1_ps(read_half(p));
-  const __m256 m = _mm256_set1_ps(QT == CX86_Q4_1 ? read_half(p + 2) : 0.0f);
+  __m256 d, m;
+  if (QT == CX86_Q4_1) {  // both halves in one conversion: (d, m) pairs, then split
+    int32_t dm;
+    memcpy(&dm, p, 4);
+    const __m256 pairs = _mm256_cvtph_ps(_mm_set1_epi32(dm));
+    d = _mm256_permute_ps(pairs, 0x00);
+    m = _mm256_permute_ps(pairs, 0x55);
+  } else {
+    d = _mm256_set1_ps(read_half(p));
+    m = _mm256_setzero_ps();
+  }
   const uint8_t *q = p + (QT == CX86_Q4_1 ? 4 : 2);
   const __m256i mask = _mm256_set1_epi32(0x0f), off = _mm256_set1_epi32(QT == CX86_Q4_0 ? 8 : 0);
   for (int h = 0; h < 2; ++h) {  // byte i: element i in the low nibble, i + 16 in the high one

@@ -8,7 +8,7 @@ dequantized once at load with ``gguf.quants.dequantize`` and run in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +42,13 @@ class QuantizedWeight:
     scales: torch.Tensor | None
     out_features: int
     in_features: int
+    #: data pointers of ``data`` and ``scales`` (0 if none), taken once for the kernel calls
+    data_ptr: int = field(init=False, repr=False)
+    scales_ptr: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_ptr", self.data.data_ptr())
+        object.__setattr__(self, "scales_ptr", 0 if self.scales is None else self.scales.data_ptr())
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
@@ -102,15 +109,29 @@ class QuantLinearMixin:
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             return self._quantized_linear(x, weight, bias)
-        if weight.dtype != x.dtype:  # e.g. a float32 dequantized GGUF weight in a bf16 model
-            return F.linear(x.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype)).to(x.dtype)
-        return F.linear(x, weight, bias)
+        # torch's GEMM on all compute threads (the engine thread keeps torch at one otherwise)
+        prev = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            if weight.dtype != x.dtype:  # e.g. a float32 dequantized GGUF weight in a bf16 model
+                out = F.linear(x.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))
+                return out.to(x.dtype)
+            return F.linear(x, weight, bias)
+        finally:
+            torch.set_num_threads(prev)
 
     def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         k, n = w.in_features, w.out_features
+        dt = _DTYPES.get(x.dtype)
+        if bias is None and dt is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_MAX and x.shape[1] == k:
+            # the decode step's case, kept short: this runs ~200 times a token
+            rows = x.shape[0]
+            if x.stride(1) == 1 and k % 32 == 0:
+                out = torch.empty(rows, n, dtype=x.dtype)
+                self._small_batch(w, dt, x.data_ptr(), x.stride(0), rows, out.data_ptr(), None, DTYPE_F32)
+                return out
         if x.shape[-1] != k:
             raise ValueError(f"linear input has {x.shape[-1]} features, the weight expects {k}")
-        dt = _DTYPES.get(x.dtype)
         if dt is None or k % 32:
             out = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
             return out.to(x.dtype)
@@ -128,15 +149,20 @@ class QuantLinearMixin:
             bias = bias if bias.dtype in _DTYPES and bias.is_contiguous() else bias.float().contiguous()
             bdt = _DTYPES[bias.dtype]
         out = torch.empty((*x.shape[:-1], n), dtype=x.dtype)
+        bias_ptr = None if bias is None else bias.data_ptr()
+        self._small_batch(w, dt, x2.data_ptr(), x2.stride(0), rows, out.data_ptr(), bias_ptr, bdt)
+        return out
+
+    def _small_batch(self, w: QuantizedWeight, dt: int, x_ptr: int, x_stride: int, rows: int, out_ptr: int,
+                     bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
+        """The native matrix-vector kernel: float32 activations, or int8 ones with CPU_QUANT_ACTIVATIONS."""
         matmul = self.lib.quant_matmul if self.quantize_activations else self.lib.dequant_matmul
         status = matmul(
-            w.code, w.data.data_ptr(), None if w.scales is None else w.scales.data_ptr(), n, k, dt,
-            x2.data_ptr(), x2.stride(0), rows, out.data_ptr(), None if bias is None else bias.data_ptr(), bdt,
-            self.num_threads,
+            w.code, w.data_ptr, w.scales_ptr or None, w.out_features, w.in_features, dt, x_ptr, x_stride, rows,
+            out_ptr, bias_ptr, bias_dt, self.num_threads,
         )  # fmt: skip
         if status:
-            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{k} activation buffer")
-        return out
+            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{w.in_features} activation buffer")
 
     def _tiled_linear(self, x2: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
         """float32 ``[rows, n]``: dequantize row tiles of the weight and GEMM each."""
@@ -145,9 +171,14 @@ class QuantLinearMixin:
         out_t = torch.empty(n, x2.shape[0], dtype=torch.float32)
         tile = max(16, TILE_BYTES // (4 * k))
         buf = torch.empty(min(tile, n), k, dtype=torch.float32)
-        scales = None if w.scales is None else w.scales.data_ptr()
-        for r0 in range(0, n, tile):
-            r1 = min(n, r0 + tile)
-            self.lib.dequantize(w.code, w.data.data_ptr(), scales, k, r0, r1, buf.data_ptr(), self.num_threads)
-            torch.mm(buf[: r1 - r0], xf.t(), out=out_t[r0:r1])
+        scales = w.scales_ptr or None
+        prev = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
+        try:
+            for r0 in range(0, n, tile):
+                r1 = min(n, r0 + tile)
+                self.lib.dequantize(w.code, w.data_ptr, scales, k, r0, r1, buf.data_ptr(), self.num_threads)
+                torch.mm(buf[: r1 - r0], xf.t(), out=out_t[r0:r1])
+        finally:
+            torch.set_num_threads(prev)
         return out_t.t().contiguous()

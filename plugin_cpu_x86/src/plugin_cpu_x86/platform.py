@@ -109,8 +109,10 @@ class CpuX86Platform(plugins.Platform):
     def init_device(self, config: Any) -> None:
         """Bind the calling (engine) thread, torch's threads and the kernels' threads.
 
-        One compute thread per chosen CPU, each OpenMP thread pinned to its own CPU,
-        so torch ops and native kernels share one pool and never oversubscribe.
+        One compute thread per chosen CPU, pinned to it: the kernels' pool (csrc/pool.cpp)
+        and torch's OpenMP team. Torch stays at one thread in the engine thread except
+        inside the kernels' GEMMs (prefill, dense linears): its idle OpenMP workers spin,
+        and would steal the CPUs from the kernels' pool in every decode step.
         """
         import torch
 
@@ -121,7 +123,8 @@ class CpuX86Platform(plugins.Platform):
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
         self.kernels.num_threads = len(cpus)
-        failed = self.kernels.lib.bind_threads(cpus)
+        failed = self.kernels.lib.bind_threads(cpus)  # also starts torch's team, to pin it
+        torch.set_num_threads(1)
         self._frontend_cpus = [c for c in allowed if c not in cpus] or allowed
         logger.info(
             "cpu_x86: %d compute threads on CPUs %s (CPU_OMP_THREADS_BIND=%s, reserved %d, rank %d)%s; "
