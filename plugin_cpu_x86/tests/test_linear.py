@@ -1,10 +1,10 @@
 """Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1) vs torch on the dequantized weights.
 
-The native small-batch kernel quantizes activations to int8 per block of 32 (as
-llama.cpp does), so it is checked twice: tightly against a torch emulation of that
-activation rounding (error <= 2e-3 of the output's max), and loosely against the
-plain float32 product (relative Frobenius error < 2%). The large-batch path
-(dequantized tiles + GEMM) must match the float32 product to float32 rounding.
+Both native paths, the small-batch kernel (weights dequantized in registers, float32
+activations) and the large-batch one (dequantized tiles + GEMM), must match the
+float32 product with the dequantized weights to float32 rounding. The optional
+int8-activation kernel (CPU_QUANT_ACTIVATIONS) is checked against a torch emulation
+of its activation rounding, and loosely against the float32 product.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
-SHAPES = [(1, 576, 576), (3, 1536, 576), (5, 576, 1536), (SMALL_BATCH_MAX, 96, 64), (40, 200, 576)]
+#: (tokens, out, in): decode; a 4-row tile plus one; whole tiles at the small-batch limit; the GEMM path
+SHAPES = [(1, 576, 576), (5, 576, 1536), (SMALL_BATCH_MAX, 96, 64), (40, 200, 576)]
 
 
 def act_quant(x: torch.Tensor) -> torch.Tensor:
@@ -33,15 +34,18 @@ def act_quant(x: torch.Tensor) -> torch.Tensor:
 
 
 def check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, what: str) -> None:
+    """``out`` is the float32 product with the dequantized weights, to float32 (or bf16) rounding."""
     exact = F.linear(x.float(), w, bias)
-    if x.shape[0] > SMALL_BATCH_MAX:  # float32 tile GEMM
-        tol = 2e-5 if x.dtype == torch.float32 else 1e-2
-        torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol, msg=what)
-        return
-    emulated = F.linear(act_quant(x), w, bias)
-    tol = 2e-3 if x.dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(out.float(), emulated, atol=tol * emulated.abs().max().item(), rtol=tol, msg=what)
-    rel = ((out.float() - exact).norm() / exact.norm()).item()
+    tol = 2e-5 if x.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol, msg=what)
+
+
+def check_int8_activations(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    """``out`` of the int8-activation kernel: close to its emulation, within 2% of the exact product."""
+    emulated = F.linear(act_quant(x), w)
+    torch.testing.assert_close(out, emulated, atol=2e-3 * emulated.abs().max().item(), rtol=2e-3, msg=what)
+    exact = F.linear(x, w)
+    rel = ((out - exact).norm() / exact.norm()).item()
     assert rel < 0.02, f"{what}: relative error {rel:.4f} vs the float32 product"
 
 
@@ -50,8 +54,10 @@ def gguf_weight(qtype: str, w: np.ndarray) -> GGUFWeight:
     return GGUFWeight(qtype, torch.from_numpy(data), w.shape[0], w.shape[1])
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-@pytest.mark.parametrize("tokens,out_features,in_features", SHAPES)
+@pytest.mark.parametrize(
+    "dtype,tokens,out_features,in_features",
+    [(torch.float32, *shape) for shape in SHAPES] + [(torch.bfloat16, 3, 96, 64), (torch.bfloat16, 20, 96, 64)],
+)
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype):
     w = torch.randn(out_features, in_features, generator=gen).numpy()
@@ -68,8 +74,10 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
     check(kernels.linear(x, prepared, bias), x, w_deq, bias, f"{qtype} with bias")
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-@pytest.mark.parametrize("tokens,out_features,in_features", SHAPES)
+@pytest.mark.parametrize(
+    "dtype,tokens,out_features,in_features",
+    [(torch.float32, 1, 576, 576), (torch.float32, 5, 96, 64), (torch.float32, 40, 200, 576), (torch.bfloat16, 5, 96, 64)],
+)
 def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
     w = torch.randn(out_features, in_features, generator=gen)
     prepared = kernels.prepare_linear(w.to(dtype), "int8")
@@ -107,6 +115,23 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
     for tokens in (1, 2, 24):
         x = torch.randn(tokens, cols, generator=gen)
         check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}")
+
+
+@pytest.mark.parametrize("qtype", [*QTYPES, "int8"])
+def test_int8_activation_kernel(kernels, gen, qtype):
+    """CPU_QUANT_ACTIVATIONS: the small-batch kernel on int8-rounded activations (1 and 5 rows)."""
+    w = torch.randn(96, 576, generator=gen)
+    if qtype == "int8":
+        prepared = kernels.prepare_linear(w, "int8")
+    else:
+        prepared = kernels.prepare_linear(gguf_weight(qtype, w.numpy()), "gguf")
+    w_deq = prepared.dequantize()
+    kernels.quantize_activations = True
+    for tokens in (1, 5):
+        x = torch.randn(tokens, 576, generator=gen) * 2
+        check_int8_activations(kernels.linear(x, prepared), x, w_deq, f"{qtype} x{tokens}")
+        bias = torch.randn(96, generator=gen)
+        check_int8_activations(kernels.linear(x, prepared, bias) - bias, x, w_deq, f"{qtype} x{tokens} bias")
 
 
 def test_other_gguf_types_are_dequantized_at_load(kernels, gen):

@@ -61,6 +61,13 @@ class CpuX86Platform(plugins.Platform):
             "force a kernel path (tests, debugging)",
             choices=("auto", "avx512", "avx2", "scalar"),
         ),  # fmt: skip
+        plugins.EnvVar(
+            "CPU_QUANT_ACTIVATIONS",
+            bool,
+            False,
+            "small-batch GGUF/int8 linears round activations to int8 (faster decode kernel, "
+            "results no longer match the dequantized float32 product)",
+        ),  # fmt: skip
     )
 
     def __init__(self) -> None:
@@ -97,7 +104,7 @@ class CpuX86Platform(plugins.Platform):
     def make_kernels(self):
         from plugin_cpu_x86.kernels import CpuX86Kernels
 
-        kernels = CpuX86Kernels(self.env["CPU_KERNEL_ISA"])
+        kernels = CpuX86Kernels(self.env["CPU_KERNEL_ISA"], quantize_activations=self.env["CPU_QUANT_ACTIVATIONS"])
         logger.info("cpu_x86 kernels: %s path (CPU_KERNEL_ISA=%s)", kernels.isa, self.env["CPU_KERNEL_ISA"])
         return kernels
 
