@@ -56,7 +56,8 @@ def part_llamacpp(a: argparse.Namespace) -> dict:
     one = next(r for r in rows if r["pl"] == 1)
     return {
         "version": paths["version"], "decode_tok_s": decode, "bench_decode_tok_s": one["speed_tg"],
-        "batched_output_tok_s": big["pl"] * big["tg"] / big["t"], "batched_rows": rows,
+        "batched_output_tok_s": big["pl"] * big["tg"] / big["t"],
+        "batched_tg_tok_s": big["speed_tg"], "batched_rows": rows,
     }  # fmt: skip
 
 

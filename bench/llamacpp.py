@@ -99,18 +99,21 @@ def _lib_env(lib: Path) -> dict[str, str]:
 
 
 def batched_bench(bench: Path, model: str, threads: int, n_prompt: int, n_gen: int, parallel: list[int]) -> list[dict]:
-    """Run llama-batched-bench; one dict per parallel level (its jsonl fields)."""
-    ctx = max(parallel) * (n_prompt + n_gen) + 64
-    cmd = [
-        str(bench), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_gen),
-        "-npl", ",".join(map(str, parallel)), "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"llama-batched-bench failed ({result.returncode}): {result.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (result.stdout + result.stderr).splitlines() if line.startswith('{"n_kv_max"')]
-    if not rows:
-        raise RuntimeError(f"llama-batched-bench printed no results: {result.stdout[-1000:]}")
+    """Run llama-batched-bench once per parallel level (each with a context just big enough); its jsonl rows."""
+    rows = []
+    for pl in parallel:
+        cmd = [
+            str(bench), "-m", model, "-c", str(pl * (n_prompt + n_gen) + 64), "-b", "2048", "-ub", "512",
+            "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(pl), "-t", str(threads), "-tb", str(threads),
+            "--output-format", "jsonl",
+        ]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"llama-batched-bench failed ({result.returncode}): {result.stderr[-2000:]}")
+        found = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"n_kv_max"')]
+        if not found:
+            raise RuntimeError(f"llama-batched-bench printed no results: {result.stdout[-1000:]}")
+        rows += found
     return rows
 
 

@@ -82,6 +82,13 @@ def extra_rows(d: dict) -> list[list[str]]:
     rows = []
     if _get(d, "llamacpp", "bench_decode_tok_s") is not None:
         rows.append(["llama-batched-bench batch-1 S_TG", f"{_num(d['llamacpp']['bench_decode_tok_s'])} tok/s"])
+    if _get(d, "llamacpp", "batched_tg_tok_s") is not None:
+        rows.append(
+            [
+                f"llama-batched-bench {workload(d)} S_TG (decode phase only)",
+                f"{_num(d['llamacpp']['batched_tg_tok_s'])} tok/s",
+            ]
+        )
     for key, res in sorted(d.items()):
         if key.startswith("engine:") and res.get("weights_bytes"):
             rows.append([f"{key} weights in memory (its decode floor's bytes)", f"{res['weights_bytes'] / 1e6:.1f} MB"])
