@@ -11,7 +11,8 @@
 
 namespace CX86_NS {
 
-static const int kRows = 4;  // activation rows sharing one decode of a weight block
+static const int kRows = 4;    // activation rows sharing one decode of a weight block
+static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
 #if defined(__AVX2__)
 // the dequantized block as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
@@ -128,21 +129,24 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
                       int bias_dt, int nthreads) {
   const long rb = row_bytes(QT, k), nb = k / kBlock, chunk = row_chunk(n, nthreads);
   parallel_for(n, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
-    for (long j = lo; j < hi; ++j) {
-      const uint8_t *wr = w + j * rb;
-      const float scale = row_scale ? row_scale[j] : 1.0f;
-      const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
-      float sums[kRows];
-      for (long t0 = 0; t0 < rows; t0 += kRows) {
-        const long tt = rows - t0 < kRows ? rows - t0 : kRows;
-        const float *xt = x + t0 * xs;
-        switch (tt) {
-          case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
-          case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
-          case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
-          default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+    for (long x0 = 0; x0 < rows; x0 += kXRows) {  // a block of x stays in L2 across the rows
+      const long x1 = rows - x0 < kXRows ? rows : x0 + kXRows;
+      for (long j = lo; j < hi; ++j) {
+        const uint8_t *wr = w + j * rb;
+        const float scale = row_scale ? row_scale[j] : 1.0f;
+        const float bj = bias ? load_any(bias, bias_dt, j) : 0.0f;
+        float sums[kRows];
+        for (long t0 = x0; t0 < x1; t0 += kRows) {
+          const long tt = x1 - t0 < kRows ? x1 - t0 : kRows;
+          const float *xt = x + t0 * xs;
+          switch (tt) {
+            case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
+            case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
+            case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
+            default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+          }
+          for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
         }
-        for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
       }
     }
   });

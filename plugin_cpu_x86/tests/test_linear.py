@@ -22,8 +22,8 @@ from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
-#: (tokens, out, in): decode; a 4-row tile plus one; whole tiles at the small-batch limit; the GEMM path
-SHAPES = [(1, 576, 576), (5, 576, 1536), (SMALL_BATCH_MAX, 96, 64), (40, 200, 576)]
+#: (tokens, out, in): decode; a 4-row tile plus one; a 64-row block plus a part; the GEMM path
+SHAPES = [(1, 576, 576), (5, 576, 1536), (70, 96, 64), (SMALL_BATCH_MAX + 1, 200, 576)]
 
 
 def act_quant(x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,7 @@ def gguf_weight(qtype: str, w: np.ndarray) -> GGUFWeight:
 
 @pytest.mark.parametrize(
     "dtype,tokens,out_features,in_features",
-    [(torch.float32, *shape) for shape in SHAPES] + [(torch.bfloat16, 3, 96, 64), (torch.bfloat16, 20, 96, 64)],
+    [(torch.float32, *shape) for shape in SHAPES] + [(torch.bfloat16, 3, 96, 64), (torch.bfloat16, 130, 96, 64)],
 )
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype):
@@ -76,7 +76,7 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
 
 @pytest.mark.parametrize(
     "dtype,tokens,out_features,in_features",
-    [(torch.float32, 1, 576, 576), (torch.float32, 5, 96, 64), (torch.float32, 40, 200, 576), (torch.bfloat16, 5, 96, 64)],
+    [(torch.float32, 1, 576, 576), (torch.float32, 5, 96, 64), (torch.float32, 130, 200, 576), (torch.bfloat16, 5, 96, 64)],
 )
 def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
     w = torch.randn(out_features, in_features, generator=gen)
@@ -117,7 +117,7 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
     weight = GGUFWeight(kind.name, torch.from_numpy(data), data.shape[0], cols)
     prepared = kernels.prepare_linear(weight, "gguf")
     w_deq = torch.from_numpy(gguf.quants.dequantize(data, kind))
-    for tokens in (1, 2, 24):
+    for tokens in (1, 2, 24, SMALL_BATCH_MAX + 1):
         x = torch.randn(tokens, cols, generator=gen)
         check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}")
 

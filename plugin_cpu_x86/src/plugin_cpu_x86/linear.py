@@ -22,8 +22,13 @@ from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, INT8, Q4_0, Q4_1, Q8_0
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
-#: up to this many rows the integer matvec kernel runs; above, dequantized tiles + GEMM
-SMALL_BATCH_MAX = 16
+#: up to this many rows the native kernel runs (weights dequantized in registers, float32
+#: activations, on the kernels' own thread pool: decode batches); above, dequantized tiles
+#: + torch's GEMM (prefill chunks)
+SMALL_BATCH_MAX = 128
+#: the same limit for the int8-activation kernel (CPU_QUANT_ACTIVATIONS), which is not
+#: blocked for many rows
+INT8_ACT_MAX_ROWS = 16
 #: float32 bytes of one dequantized weight tile (stays in L2)
 TILE_BYTES = 1 << 20
 
@@ -123,7 +128,8 @@ class QuantLinearMixin:
     def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         k, n = w.in_features, w.out_features
         dt = _DTYPES.get(x.dtype)
-        if bias is None and dt is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_MAX and x.shape[1] == k:
+        max_rows = INT8_ACT_MAX_ROWS if self.quantize_activations else SMALL_BATCH_MAX
+        if bias is None and dt is not None and x.dim() == 2 and x.shape[0] <= max_rows and x.shape[1] == k:
             # the decode step's case, kept short: this runs ~200 times a token
             rows = x.shape[0]
             if x.stride(1) == 1 and k % 32 == 0:
@@ -139,7 +145,7 @@ class QuantLinearMixin:
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
         rows = x2.shape[0]
-        if rows > SMALL_BATCH_MAX:
+        if rows > max_rows:
             out = self._tiled_linear(x2, w)
             if bias is not None:
                 out += bias.float()
@@ -177,7 +183,8 @@ class QuantLinearMixin:
         try:
             for r0 in range(0, n, tile):
                 r1 = min(n, r0 + tile)
-                self.lib.dequantize(w.code, w.data_ptr, scales, k, r0, r1, buf.data_ptr(), self.num_threads)
+                # one thread: the kernels' pool would fight torch's spinning OpenMP team for the CPUs
+                self.lib.dequantize(w.code, w.data_ptr, scales, k, r0, r1, buf.data_ptr(), 1)
                 torch.mm(buf[: r1 - r0], xf.t(), out=out_t[r0:r1])
         finally:
             torch.set_num_threads(prev)
