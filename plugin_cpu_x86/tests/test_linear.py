@@ -76,7 +76,12 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
 
 @pytest.mark.parametrize(
     "dtype,tokens,out_features,in_features",
-    [(torch.float32, 1, 576, 576), (torch.float32, 5, 96, 64), (torch.float32, 130, 200, 576), (torch.bfloat16, 5, 96, 64)],
+    [
+        (torch.float32, 1, 576, 576),
+        (torch.float32, 5, 96, 64),
+        (torch.float32, 130, 200, 576),
+        (torch.bfloat16, 5, 96, 64),
+    ],
 )
 def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
     w = torch.randn(out_features, in_features, generator=gen)
