@@ -29,6 +29,12 @@ def _row_view(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     return None
 
 
+def _empty(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A new contiguous tensor of ``x``'s dtype (``new_empty`` with a tuple: ~2 us less per
+    call than ``torch.empty(size, dtype=...)``, which adds up over a decode step's ~400 calls)."""
+    return x.new_empty(shape)
+
+
 def _heads_view(x: torch.Tensor) -> bool:
     """Whether ``x [T, H, D]`` has contiguous heads (any token stride)."""
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
@@ -57,7 +63,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         if dt is None or wdt is None or rows is None or not weight.is_contiguous():
             return super().rms_norm(x, weight, eps)
         x2, stride = rows
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = _empty(x, tuple(x.shape))
         self.lib.rms_norm(
             dt, wdt, out.data_ptr(), None, x2.data_ptr(), stride, None, 0, weight.data_ptr(),
             x2.shape[0], x2.shape[1], eps, self.num_threads,
@@ -75,8 +81,8 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         ):  # fmt: skip
             return super().fused_add_rms_norm(x, residual, weight, eps)
         (x2, xs), (r2, rs) = xr, rr
-        out = torch.empty(x.shape, dtype=x.dtype)
-        summed = torch.empty(x.shape, dtype=x.dtype)
+        shape = tuple(x.shape)
+        out, summed = _empty(x, shape), _empty(x, shape)
         self.lib.rms_norm(
             dt, wdt, out.data_ptr(), summed.data_ptr(), x2.data_ptr(), xs, r2.data_ptr(), rs,
             weight.data_ptr(), x2.shape[0], x2.shape[1], eps, self.num_threads,
@@ -94,8 +100,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
             or not cos_sin_cache.is_contiguous() or cos_sin_cache.shape[-1] != d or d % 2
         ):  # fmt: skip
             return super().rotary_embedding(positions, q, k, cos_sin_cache)
-        q_out = torch.empty(q.shape, dtype=q.dtype)
-        k_out = torch.empty(k.shape, dtype=k.dtype)
+        q_out, k_out = _empty(q, tuple(q.shape)), _empty(k, tuple(k.shape))
         pos, cache, tokens = positions.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0]
         for src, dst in ((q, q_out), (k, k_out)):
             self.lib.rotary(
@@ -110,7 +115,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
             return super().silu_and_mul(x)
         x2, stride = rows
         inter = x.shape[-1] // 2
-        out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype)
+        out = _empty(x, (*x.shape[:-1], inter))
         self.lib.silu_and_mul(dt, out.data_ptr(), x2.data_ptr(), stride, x2.shape[0], inter, self.num_threads)
         return out
 
@@ -159,7 +164,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
             or not meta.query_start_loc.is_contiguous() or not meta.seq_lens.is_contiguous()
         ):  # fmt: skip
             return super().paged_attention(q, k_cache, v_cache, meta, scale)
-        out = torch.empty(q.shape, dtype=q.dtype)
+        out = _empty(q, (tokens, hq, d))
         self.lib.paged_attention(
             dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
             meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
