@@ -1,7 +1,8 @@
 """Micro-benchmark of the native kernels (not a test): python plugin_cpu_x86/bench_kernels.py
 
 Prints, for the SmolLM2-135M shapes, the quantized matrix-vector kernels (GB/s of
-weight bytes streamed and GOP/s) against torch float32 F.linear, the prefill path,
+weight bytes streamed and GOP/s; "/i8" = int8 activations, CPU_QUANT_ACTIVATIONS)
+against torch float32 F.linear, the prefill path,
 and paged attention (decode) against the torch reference.
 Set CORE_CPU_KERNEL_ISA to time another path; --threads N to change the thread count.
 """
@@ -52,8 +53,12 @@ def bench_linear(kern, tokens: int) -> None:
             data = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[qtype]))
             prepared = kern.prepare_linear(GGUFWeight(qtype, data, n, k), "gguf")
             x = torch.randn(tokens, k)
-            t = timeit(lambda p=prepared, x=x: kern.linear(x, p))
-            line += f" {qtype} {t * 1e6:8.1f} {data.numel() / t / 1e9:6.1f} {2 * tokens * n * k / t / 1e9:6.1f} |"
+            for int8_act in (False, True):  # default float32 activations, then CPU_QUANT_ACTIVATIONS
+                kern.quantize_activations = int8_act
+                t = timeit(lambda p=prepared, x=x: kern.linear(x, p))
+                name = qtype + ("/i8" if int8_act else "")
+                line += f" {name} {t * 1e6:8.1f} {data.numel() / t / 1e9:6.1f} {2 * tokens * n * k / t / 1e9:6.1f} |"
+            kern.quantize_activations = False
         print(line)
 
 

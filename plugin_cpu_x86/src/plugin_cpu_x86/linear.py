@@ -1,9 +1,12 @@
 """Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1).
 
-Small batches (decode) run the native integer matrix-vector kernels; larger ones
-(prefill) dequantize the weight tile by tile into float32 and multiply with torch's
-GEMM, which measures faster there. Other GGUF types (Q4_K, Q6_K, ...) are
-dequantized once at load with ``gguf.quants.dequantize`` and run in float32.
+Up to :data:`SMALL_BATCH_MAX` rows (decode batches) the native kernel dequantizes
+weight blocks in registers and multiplies them into the float32 activations, so the
+result is the float32 product with the dequantized weights (csrc/matvec.cpp); with
+``CPU_QUANT_ACTIVATIONS`` the activations are rounded to int8 instead, as llama.cpp
+does (csrc/quant.cpp: faster, not exact). Larger batches (prefill) dequantize the
+weight tile by tile into float32 and multiply with torch's GEMM. Other GGUF types
+(Q4_K, Q6_K, ...) are dequantized once at load with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
