@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -114,7 +115,10 @@ def run_part(a: argparse.Namespace, name: str, quantization: str = "none", conte
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    return {"error": f"exit code {proc.returncode}: {proc.stdout[-500:]}"}
+    how = (
+        f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    )
+    return {"error": f"{how} (its stderr is above): {proc.stdout[-500:]}"}
 
 
 def _common_args(a: argparse.Namespace) -> list[str]:
@@ -137,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="markdown file to rewrite ('' = don't)")
     p.add_argument("--json", default=None, help="also write every raw figure here")
+    p.add_argument("--render", default=None, metavar="JSON", help="only re-render a --json file's figures")
     p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
     p.add_argument("--quantization", default="none", help=argparse.SUPPRESS)
     p.add_argument("--context", default="{}", help=argparse.SUPPRESS)
@@ -149,6 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.render:
+        data = json.loads(Path(a.render).read_text())
+        report(data)
+        if a.results:
+            Path(a.results).write_text(render_markdown(data))
+        return 0
     if a.part:
         print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
         return 0

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -42,21 +43,23 @@ def measure(
     cmd = [sys.executable, "-m", "core.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
     cmd += [model] if model else []
     cmd += ["--quantization", quantization] if quantization else []
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the server
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base_url, proc, timeout_s=600)
-        asyncio.run(run_level(base_url, None, random_prompts(1, 8, vocab, seed + 1), 2, 1))  # warm-up
-        level = asyncio.run(
-            run_level(base_url, None, random_prompts(num_seqs, prompt_len, vocab, seed), n_gen, num_seqs)
-        )
+        asyncio.run(run_level(base_url, None, random_prompts(1, 8, vocab, seed + 1), 2, 1, timeout_s=120))  # warm-up
+        prompts = random_prompts(num_seqs, prompt_len, vocab, seed)
+        level = asyncio.run(run_level(base_url, None, prompts, n_gen, num_seqs, timeout_s=120))
     finally:
         proc.terminate()
         try:
-            _, err = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
+            proc.wait()
+        log.seek(0)
+        err = log.read()
     if level.num_failed:
         raise RuntimeError(
             f"{level.num_failed} of {level.num_requests} requests failed: {level.errors}; server log: {err[-1500:]}"
