@@ -108,7 +108,9 @@ def run_part(a: argparse.Namespace, name: str, quantization: str = "none", conte
     ]
     cmd += _common_args(a)
     cpus = f"0-{a.threads - 1}"
-    env = os.environ | {"CORE_CPU_OMP_THREADS_BIND": cpus, "OMP_NUM_THREADS": str(a.threads)}
+    env = os.environ | {"OMP_NUM_THREADS": str(a.threads)}
+    if name != "serve":  # the server plans its engine CPUs itself (auto) from the taskset-allowed ones
+        env["CORE_CPU_OMP_THREADS_BIND"] = cpus
     label = name if name in ("floors", "llamacpp", "hf") else f"{name}:{quantization}"
     print(f"== {label} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(["taskset", "-c", cpus, *cmd], stdout=subprocess.PIPE, text=True, env=env)
