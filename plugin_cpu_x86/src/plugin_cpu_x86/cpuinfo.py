@@ -15,6 +15,7 @@ ISA_FLAGS = {
     "avx512f": "AVX512F",
     "avx512bw": "AVX512BW",
     "avx512vl": "AVX512VL",
+    "avx512dq": "AVX512DQ",
     "avx512_vnni": "AVX512_VNNI",
     "avx512_bf16": "AVX512_BF16",
     "amx_tile": "AMX",

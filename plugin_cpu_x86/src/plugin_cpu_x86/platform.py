@@ -93,11 +93,13 @@ class CpuX86Platform(plugins.Platform):
             "memory_available_gib": round(available / GiB, 1),
             "isa": info.isa,
         }
-        try:
-            from plugin_cpu_x86.native import NativeLib
+        # from /proc/cpuinfo and the library's presence: loading it would import torch (seconds)
+        from plugin_cpu_x86.native import library_path, select_isa
 
-            result["kernel_isa"] = NativeLib(self.env["CPU_KERNEL_ISA"]).isa
-        except (plugins.PluginError, ValueError, OSError) as exc:
+        try:
+            library_path()
+            result["kernel_isa"] = select_isa(self.env["CPU_KERNEL_ISA"], info.isa)
+        except (plugins.PluginError, ValueError) as exc:
             result["kernel_isa"] = f"unavailable: {exc}"
         return result
 
