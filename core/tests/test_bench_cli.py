@@ -8,15 +8,15 @@ import math
 
 import numpy as np
 import pytest
-from core.bench.cli import add_bench_parser, concurrency_list
+from core.bench.cli import concurrency_list
 from core.bench.report import format_table, write_json
 from core.bench.stats import RequestRecord, percentile, random_prompts, summarize_level
+from core.cli import build_parser
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="core")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    """Through the ``core`` command's own parser: ``core bench`` must be reachable from the CLI."""
+    return build_parser().parse_args(argv)
 
 
 def test_throughput_flags_and_engine_flags():

@@ -11,6 +11,7 @@ import sys
 from plugins import EnvConfigError, PluginError
 
 from core import __version__
+from core.bench.cli import add_bench_parser
 from core.config import add_engine_args, config_from_args
 from core.discovery import PluginRecord, discover
 
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.set_defaults(func=cmd_serve)
 
+    add_bench_parser(sub)
     return parser
 
 
