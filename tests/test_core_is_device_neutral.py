@@ -4,7 +4,9 @@ import re
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "src" / "core"
-FORBIDDEN = re.compile(r"torch\.cuda|\bnccl\b|\bhccl\b|habana|torch_xla|\bxla\b|\bhpu\b|\bmps\b|avx|neon\b|\bamx\b|\bcuda\b", re.I)
+FORBIDDEN = re.compile(
+    r"torch\.cuda|\bnccl\b|\bhccl\b|habana|torch_xla|\bxla\b|\bhpu\b|\bmps\b|avx|neon\b|\bamx\b|\bcuda\b", re.I
+)
 
 
 def test_no_device_specific_code_in_core():

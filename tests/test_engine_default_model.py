@@ -4,7 +4,12 @@ import pytest
 
 from core import LLM, SamplingParams
 
-BASIC_PROMPTS = ["Hello, my name is", "The president of the United States is", "The capital of France is", "The future of AI is"]
+BASIC_PROMPTS = [
+    "Hello, my name is",
+    "The president of the United States is",
+    "The capital of France is",
+    "The future of AI is",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +31,11 @@ def test_basic_prompts_give_sensible_text(llm):
 
 
 def test_chat_uses_the_template(llm):
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0.0, max_tokens=20), use_tqdm=False)[0]
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0.0, max_tokens=20),
+        use_tqdm=False,
+    )[0]
     assert "Paris" in out.outputs[0].text
     assert out.prompt_token_ids[0] == llm.get_tokenizer().convert_tokens_to_ids("<|im_start|>")
 
@@ -53,7 +62,11 @@ def test_n_stop_strings_and_logprobs(llm):
 def test_stop_string_is_cut_and_prompt_logprobs(llm):
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     full = llm.generate(["The capital of France is"], greedy, use_tqdm=False)[0].outputs[0].text
-    cut = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=24, stop=["Paris"], prompt_logprobs=1), use_tqdm=False)[0]
+    cut = llm.generate(
+        ["The capital of France is"],
+        SamplingParams(temperature=0.0, max_tokens=24, stop=["Paris"], prompt_logprobs=1),
+        use_tqdm=False,
+    )[0]
     assert cut.outputs[0].text == full[: full.index("Paris")]
     assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == "Paris"
     assert cut.prompt_logprobs[0] is None and len(cut.prompt_logprobs) == len(cut.prompt_token_ids)

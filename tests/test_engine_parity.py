@@ -9,9 +9,9 @@ test the block manager must hold no leaked block.
 import pytest
 import torch
 import transformers
+from plugins.testing import _ReferencePlatform
 
 from core import LLM, SamplingParams
-from plugins.testing import _ReferencePlatform
 
 ARCHS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
@@ -20,13 +20,24 @@ ARCHS = {
         transformers.LlamaForCausalLM,
         {
             "tie_word_embeddings": True,
-            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
         },
     ),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
 }
-PROMPTS = [[5, 17, 200, 3], list(range(10, 47)), [9], [int(x) for x in torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(3))]]
+PROMPTS = [
+    [5, 17, 200, 3],
+    list(range(10, 47)),
+    [9],
+    [int(x) for x in torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(3))],
+]
 MAX_TOKENS = 10
 
 
@@ -34,8 +45,14 @@ def build(arch, directory):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(0)
     config = config_cls(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, **extra,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **extra,
     )
     model = model_cls(config).eval()
     model.save_pretrained(directory)
@@ -46,14 +63,22 @@ def hf_greedy(model, prompt):
     """Greedy tokens and per-step log-softmax from transformers (the reference)."""
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=MAX_TOKENS, do_sample=False, output_scores=True,
-            return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            eos_token_id=None,
         )
-    return out.sequences[0, len(prompt):].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.scores]
+    return out.sequences[0, len(prompt) :].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.scores]
 
 
 # distinct prompts that fill a small cache at admission and outgrow it while decoding
-PREEMPT_PROMPTS = [[int(x) for x in torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(s))] for s in range(6)]
+PREEMPT_PROMPTS = [
+    [int(x) for x in torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(s))] for s in range(6)
+]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -73,12 +98,14 @@ def check_against_hf(llm, expected, prompts=PROMPTS):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     expected = expected[id(prompts)]
-    for out, (hf_tokens, hf_logprobs) in zip(outs, expected):
+    for out, (hf_tokens, hf_logprobs) in zip(outs, expected, strict=False):
         ours = out.outputs[0]
-        for step, (a, b) in enumerate(zip(ours.token_ids, hf_tokens)):
+        for step, (a, b) in enumerate(zip(ours.token_ids, hf_tokens, strict=False)):
             ref = hf_logprobs[step]
             mine = ours.logprobs[step]
-            assert abs(mine[a].logprob - ref[a].item()) < 1e-3, f"step {step}: logprob {mine[a].logprob} vs {ref[a].item()}"
+            assert abs(mine[a].logprob - ref[a].item()) < 1e-3, (
+                f"step {step}: logprob {mine[a].logprob} vs {ref[a].item()}"
+            )
             if a != b:  # a near-tie may flip; both must be in the other's top 5
                 assert b in mine and a in ref.topk(5).indices.tolist(), f"step {step}: {a} vs {b}"
                 break  # the continuations differ from here on
@@ -96,7 +123,14 @@ def check_against_hf(llm, expected, prompts=PROMPTS):
 )
 def test_greedy_matches_transformers(model_dir, engine_kwargs):
     directory, expected = model_dir
-    llm = LLM(model=str(directory), device=_ReferencePlatform(), dtype="float32", skip_tokenizer_init=True, max_model_len=128, **engine_kwargs)
+    llm = LLM(
+        model=str(directory),
+        device=_ReferencePlatform(),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        **engine_kwargs,
+    )
     check_against_hf(llm, expected)
     # same prompts again: now served from the prefix cache where enabled, same tokens
     check_against_hf(llm, expected)
@@ -110,8 +144,14 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching)
     directory, expected = model_dir
     block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # K+V, layers, block size, kv heads, head size, fp32
     llm = LLM(
-        model=str(directory), device=_ReferencePlatform(), dtype="float32", skip_tokenizer_init=True, max_model_len=96,
-        block_size=4, kv_cache_bytes=24 * block_bytes, enable_prefix_caching=prefix_caching,
+        model=str(directory),
+        device=_ReferencePlatform(),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=96,
+        block_size=4,
+        kv_cache_bytes=24 * block_bytes,
+        enable_prefix_caching=prefix_caching,
     )
     assert llm.engine.block_manager.num_total_blocks == 24
     check_against_hf(llm, expected, PREEMPT_PROMPTS)
@@ -121,5 +161,12 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching)
 def test_auto_device_matches_transformers(model_dir):
     """The platform `--device auto` picks (a native backend where installed) gives the same tokens."""
     directory, expected = model_dir
-    llm = LLM(model=str(directory), device="auto", dtype="float32", skip_tokenizer_init=True, max_model_len=128, kv_cache_bytes=8 << 20)
+    llm = LLM(
+        model=str(directory),
+        device="auto",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        kv_cache_bytes=8 << 20,
+    )
     check_against_hf(llm, expected)

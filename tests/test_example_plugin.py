@@ -18,7 +18,18 @@ def toy_site(tmp_path_factory):
         pytest.fail(f"the example plugin is missing: {EXAMPLE}")
     target = tmp_path_factory.mktemp("toy_site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
         check=True,
     )
     return target
@@ -29,7 +40,13 @@ def _env(site):
 
 
 def test_core_devices_lists_the_example(toy_site):
-    out = subprocess.run([sys.executable, "-m", "core.cli", "devices", "--json"], env=_env(toy_site), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "core.cli", "devices", "--json"],
+        env=_env(toy_site),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = {row["name"]: row for row in json.loads(out.stdout)}
     assert rows["toy"]["available"] and rows["toy"]["priority"] == 0
 
@@ -44,7 +61,10 @@ def test_example_passes_conformance(toy_site, tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", str(test_file)],
-        env=_env(toy_site), capture_output=True, text=True, cwd=tmp_path,
+        env=_env(toy_site),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "failed" not in result.stdout and "skipped" not in result.stdout

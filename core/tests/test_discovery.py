@@ -4,8 +4,8 @@ import logging
 import textwrap
 
 import pytest
-
 from core.discovery import discover, select_platform
+
 from plugins import PLATFORM_API_VERSION, PlatformUnavailable
 
 
@@ -111,7 +111,9 @@ def test_selection_errors(site):
     make_dist(site, "fk_here", platform_module("fk_here", 1))
     make_dist(site, "fk_gone", platform_module("fk_gone", 1, available=False, reason="driver missing"))
     records = only(discover({}))
-    with pytest.raises(PlatformUnavailable, match="Unknown device 'tpux'. Installed: fk_gone, fk_here. .*pip install plugin_tpux"):
+    with pytest.raises(
+        PlatformUnavailable, match="Unknown device 'tpux'. Installed: fk_gone, fk_here. .*pip install plugin_tpux"
+    ):
         select_platform("tpux", records)
     with pytest.raises(PlatformUnavailable, match="'fk_gone' is installed but unavailable: driver missing"):
         select_platform("fk_gone", records)

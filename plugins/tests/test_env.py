@@ -1,9 +1,9 @@
 """Declared env config: both spellings, defaults, and errors that name the variable."""
 
 import pytest
+from plugins.env import parse_int_list, read_env
 
 from plugins import EnvConfigError, EnvVar
-from plugins.env import parse_int_list, read_env
 
 SIZES = EnvVar("GRAPH_SIZES", parse_int_list, (1, 2, 4), "capture sizes")
 SPACE = EnvVar("CPU_KVCACHE_SPACE", float, 0.0, "GiB")
@@ -11,7 +11,11 @@ FLAG = EnvVar("SKIP_WARMUP", bool, False, "skip warm-up")
 
 
 def test_default_when_unset():
-    assert read_env((SIZES, SPACE, FLAG), {}) == {"GRAPH_SIZES": (1, 2, 4), "CPU_KVCACHE_SPACE": 0.0, "SKIP_WARMUP": False}
+    assert read_env((SIZES, SPACE, FLAG), {}) == {
+        "GRAPH_SIZES": (1, 2, 4),
+        "CPU_KVCACHE_SPACE": 0.0,
+        "SKIP_WARMUP": False,
+    }
 
 
 def test_core_spelling_wins_over_vllm():

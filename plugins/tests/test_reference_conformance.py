@@ -4,8 +4,9 @@ import subprocess
 import sys
 import textwrap
 
-import plugins
 from plugins.testing import PlatformConformance
+
+import plugins
 
 
 class ReferencePlatform(plugins.Platform):
@@ -53,7 +54,17 @@ def test_kit_fails_a_wrong_kernel(tmp_path):
         )
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_broken.py"), "-k", "silu or rms"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_broken.py"),
+            "-k",
+            "silu or rms",
+        ],
         capture_output=True,
         text=True,
     )

@@ -86,7 +86,9 @@ class AsyncEngine:
         finished = False
         try:
             await asyncio.wrap_future(
-                self._call(lambda: self.engine.add_request(request_id, prompt, params, prompt_token_ids, priority=priority))
+                self._call(
+                    lambda: self.engine.add_request(request_id, prompt, params, prompt_token_ids, priority=priority)
+                )
             )
             while not finished:
                 item = await outputs.get()

@@ -8,12 +8,11 @@ import logging
 import os
 import sys
 
-from plugins import EnvConfigError, PluginError
-
 from core import __version__
 from core.bench.cli import add_bench_parser
 from core.config import add_engine_args, config_from_args
 from core.discovery import PluginRecord, discover
+from plugins import EnvConfigError, PluginError
 
 logger = logging.getLogger("core")
 
@@ -61,9 +60,9 @@ def _env_rows(records: list[PluginRecord]) -> list[dict]:
 
 
 def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     for line in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip())
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -75,7 +74,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
         else:
             _print_table(
                 ["PLUGIN", "VARIABLE", "VALUE", "DEFAULT", "HELP"],
-                [[r["plugin"], r["variable"], "(unset)" if r["value"] is None else r["value"], r["default"], r["help"]] for r in rows],
+                [
+                    [
+                        r["plugin"],
+                        r["variable"],
+                        "(unset)" if r["value"] is None else r["value"],
+                        r["default"],
+                        r["help"],
+                    ]
+                    for r in rows
+                ],
             )
         return 0
     rows = _device_rows(records)
@@ -86,7 +94,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for r in rows:
         status = "available" if r["available"] else f"unavailable: {r['reason']}"
         info = ", ".join(f"{k}={v}" for k, v in r["device_info"].items())
-        table.append([r["name"], r["version"], r["device_type"] or "-", r["priority"] if r["priority"] is not None else "-", status, info])
+        table.append(
+            [
+                r["name"],
+                r["version"],
+                r["device_type"] or "-",
+                r["priority"] if r["priority"] is not None else "-",
+                status,
+                info,
+            ]
+        )
     _print_table(["NAME", "VERSION", "DEVICE", "PRIORITY", "STATUS", "DEVICE INFO"], table)
     return 0
 
@@ -99,9 +116,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="core", description="LLM inference and serving engine with pluggable hardware backends")
+    parser = argparse.ArgumentParser(
+        prog="core", description="LLM inference and serving engine with pluggable hardware backends"
+    )
     parser.add_argument("--version", action="version", version=f"core {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("CORE_LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--log-level", default=os.environ.get("CORE_LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error")
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     devices = sub.add_parser("devices", help="list every discovered backend plugin: available or why not")
@@ -124,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         return args.func(args)
     except (PluginError, EnvConfigError, ValueError, FileNotFoundError) as exc:

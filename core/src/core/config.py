@@ -63,7 +63,12 @@ class EngineConfig:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add vLLM's engine flags (DESIGN.md §6) to ``parser``."""
     d = EngineConfig()
-    parser.add_argument("model", nargs="?", default=None, help="HF model directory, .gguf file or hub id (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF model directory, .gguf file or hub id (default: SmolLM2-135M-Instruct GGUF)",
+    )
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device", default=d.device, help="backend plugin name, or auto (highest-priority available)")
     parser.add_argument("--dtype", default=d.dtype, choices=DTYPES)
@@ -72,11 +77,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     parser.add_argument("--block-size", type=int, default=d.block_size)
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching)
-    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill)
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching
+    )
+    parser.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--enforce-eager", action="store_true", help="disable graph capture / compilation")
-    parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB", help="KV cache size in GiB (default: the platform decides)")
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="KV cache size in GiB (default: the platform decides)",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     parser.add_argument("--served-model-name", default=None)
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 import pluggy
 
 import plugins
-from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError
-from plugins import hookspecs
+from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError, hookspecs
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +72,9 @@ def _plugin_filter(environ: Mapping[str, str]) -> set[str] | None:
 def _instantiate(result: object, entry_name: str) -> Platform:
     platform = result() if isinstance(result, type) else result
     if not isinstance(platform, Platform):
-        raise PluginError(f"register_platform() of '{entry_name}' returned {result!r}, expected a plugins.Platform subclass")
+        raise PluginError(
+            f"register_platform() of '{entry_name}' returned {result!r}, expected a plugins.Platform subclass"
+        )
     if not platform.name:
         raise PluginError(f"platform of '{entry_name}' has no name")
     wanted = platform.api_version
@@ -139,7 +140,10 @@ def select_platform(device: str, records: list[PluginRecord]) -> Platform:
             if r is not chosen
         )
         logger.info(
-            "selected %s (priority %d); alternatives: %s", chosen.platform.name, chosen.platform.priority, others or "none"
+            "selected %s (priority %d); alternatives: %s",
+            chosen.platform.name,
+            chosen.platform.priority,
+            others or "none",
         )
         return chosen.platform
     record = by_name.get(device)
@@ -152,4 +156,3 @@ def select_platform(device: str, records: list[PluginRecord]) -> Platform:
         raise PlatformUnavailable(f"Device '{device}' is installed but unavailable: {record.reason}")
     logger.info("selected %s (requested by --device)", device)
     return record.platform
-

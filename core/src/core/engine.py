@@ -43,7 +43,9 @@ def resolve_platform(device: str | Platform) -> Platform:
 class LLMEngine:
     """Owns the model, KV cache, scheduler and sampler of one platform."""
 
-    def __init__(self, config: EngineConfig, platform: Platform | str | None = None, skip_tokenizer_init: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, platform: Platform | str | None = None, skip_tokenizer_init: bool = False
+    ) -> None:
         config.validate()
         self.config = config
         self.platform = resolve_platform(platform if platform is not None else config.device)
@@ -80,15 +82,24 @@ class LLMEngine:
         logger.info(
             "engine ready in %.1fs: device=%s model=%s dtype=%s quantization=%s; KV cache %d blocks = %d tokens, "
             "max concurrency at max_model_len=%d: %.1fx",
-            time.perf_counter() - started, self.platform.name, self.loaded.name, config.dtype, config.quantization,
-            self.kv_plan.num_blocks, tokens, config.max_model_len, tokens / config.max_model_len,
+            time.perf_counter() - started,
+            self.platform.name,
+            self.loaded.name,
+            config.dtype,
+            config.quantization,
+            self.kv_plan.num_blocks,
+            tokens,
+            config.max_model_len,
+            tokens / config.max_model_len,
         )
 
     def _resolve_dtype(self) -> torch.dtype:
         supported = self.platform.supported_dtypes
         name = supported[0] if self.config.dtype == "auto" else self.config.dtype
         if name not in supported:
-            raise ValueError(f"dtype {name!r} is not supported on {self.platform.name}; supported: {', '.join(supported)}")
+            raise ValueError(
+                f"dtype {name!r} is not supported on {self.platform.name}; supported: {', '.join(supported)}"
+            )
         self.config.dtype = name
         return getattr(torch, name)
 
@@ -160,7 +171,12 @@ class LLMEngine:
         completions = []
         for index in range(params.n):
             seq = Sequence(
-                next(self._seq_ids), request_id, prompt_token_ids, params, arrival, priority,
+                next(self._seq_ids),
+                request_id,
+                prompt_token_ids,
+                params,
+                arrival,
+                priority,
                 skip_prefix_cache=params.prompt_logprobs is not None,  # every prompt position must be computed
             )
             seed = None if params.seed is None else params.seed + index
@@ -168,7 +184,9 @@ class LLMEngine:
                 Completion(
                     seq=seq,
                     detokenizer=self._detokenizer(prompt_token_ids, params),
-                    stop_checker=StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens) if params.stop else None,
+                    stop_checker=StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens)
+                    if params.stop
+                    else None,
                     generator=None if seed is None else make_generator(seed, self.platform.torch_device()),
                 )
             )
@@ -240,7 +258,7 @@ class LLMEngine:
             for state, c in entries
         ]
         sampled = self.sampler(logits.sample_logits, states) if states else None
-        token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids)) if sampled else {}
+        token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=False)) if sampled else {}
         self.scheduler.update(sched, token_ids)
 
         touched: dict[str, RequestState] = {}

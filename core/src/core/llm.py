@@ -6,13 +6,13 @@ import itertools
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from plugins import Platform
 from tqdm.auto import tqdm
 
 from core.config import EngineConfig
 from core.engine import LLMEngine
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
+from plugins import Platform
 
 
 class LLM:
@@ -66,7 +66,7 @@ class LLM:
             if len(params_list) != len(items):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(items)} prompts")
         order = []
-        for (text, ids), params in zip(items, params_list):
+        for (text, ids), params in zip(items, params_list, strict=False):
             request_id = str(next(self._ids))
             self.engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids)
             order.append(request_id)
@@ -83,7 +83,9 @@ class LLM:
         """Generate replies to one conversation or a list of them, with the model's chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
-            self.engine.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+            self.engine.apply_chat_template(
+                conv, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            )
             for conv in conversations
         ]
         return self.generate(prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)

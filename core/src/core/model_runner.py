@@ -10,8 +10,6 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
-
-from plugins import Platform
 from plugins.attention import AttentionMetadata
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
@@ -19,6 +17,7 @@ from plugins.runner import ModelInputs
 from core.config import EngineConfig
 from core.loader import LoadedModel
 from core.scheduler import ScheduledSeq
+from plugins import Platform
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,10 @@ class ModelRunner:
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.config.block_size, self.loaded.num_kv_heads, self.loaded.head_size)
         return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.loaded.num_layers)
         ]
 
@@ -87,7 +89,9 @@ class ModelRunner:
         # more blocks than max_num_seqs full-length sequences (x2: room for the prefix cache) buy nothing
         useful = 2 * self.config.max_num_seqs * min_blocks
         if plan.num_blocks > useful:
-            logger.info("using %d of %d KV blocks: enough for 2 x max_num_seqs x max_model_len", useful, plan.num_blocks)
+            logger.info(
+                "using %d of %d KV blocks: enough for 2 x max_num_seqs x max_model_len", useful, plan.num_blocks
+            )
             plan = replace(plan, num_blocks=useful)
         if plan.num_blocks < min_blocks:
             raise ValueError(

@@ -57,7 +57,12 @@ class RequestState:
         return self.tokenizer.convert_ids_to_tokens(token_id)
 
     def record_token(
-        self, completion: Completion, token_id: int, logprob: float | None, rank: int | None, top: list[tuple[int, float]] | None
+        self,
+        completion: Completion,
+        token_id: int,
+        logprob: float | None,
+        rank: int | None,
+        top: list[tuple[int, float]] | None,
     ) -> SequenceStatus | None:
         """Account for a token just appended to ``completion.seq``; return a finish status, if any."""
         params, seq = self.params, completion.seq

@@ -7,8 +7,9 @@ import os
 import platform as _platform
 from typing import Any
 
-import plugins
 from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+
+import plugins
 
 logger = logging.getLogger(__name__)
 

@@ -120,7 +120,7 @@ class Kernels:
         block_size = k_cache.shape[1]
         group = q.shape[1] // k_cache.shape[2]
         start = 0
-        for i, (q_len, s_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+        for i, (q_len, s_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=False)):
             if s_len == 0:  # padding sequence of a runner: nothing to attend to
                 out[start : start + q_len] = 0
                 start += q_len

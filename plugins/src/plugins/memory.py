@@ -84,8 +84,5 @@ class MemoryProfiler:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
         budget, why = self.kv_cache_budget(config, peak_activation_bytes)
         num_blocks = budget // block_bytes
-        detail = (
-            f"KV cache {budget / GiB:.2f} GiB ({why}) = {num_blocks} blocks of "
-            f"{block_bytes / (1 << 20):.2f} MiB"
-        )
+        detail = f"KV cache {budget / GiB:.2f} GiB ({why}) = {num_blocks} blocks of {block_bytes / (1 << 20):.2f} MiB"
         return KVCachePlan(num_blocks=num_blocks, budget_bytes=budget, block_bytes=block_bytes, detail=detail)

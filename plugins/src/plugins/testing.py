@@ -77,7 +77,13 @@ class PlatformConformance:
         import torch
 
         atol, rtol = TOLERANCES[dtype_name]
-        torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), atol=atol, rtol=rtol, msg=lambda m: f"{what} ({dtype_name}): {m}")
+        torch.testing.assert_close(
+            actual.float().cpu(),
+            expected.float().cpu(),
+            atol=atol,
+            rtol=rtol,
+            msg=lambda m: f"{what} ({dtype_name}): {m}",
+        )
 
     @staticmethod
     def _rand(shape: tuple[int, ...], dtype_name: str, device: Any, generator: Any, scale: float = 1.0) -> Any:
@@ -155,7 +161,9 @@ class PlatformConformance:
         self._assert_close(new_res, ref_res, dtype_name, "fused_add_rms_norm residual")
 
     @pytest.mark.parametrize("num_tokens,q_heads,kv_heads,head_size", [(1, 4, 4, 64), (9, 9, 3, 64), (17, 8, 2, 128)])
-    def test_rotary_embedding(self, device_plat, ref, gen, dtype_name, num_tokens, q_heads, kv_heads, head_size) -> None:
+    def test_rotary_embedding(
+        self, device_plat, ref, gen, dtype_name, num_tokens, q_heads, kv_heads, head_size
+    ) -> None:
         import torch
 
         dev = device_plat.torch_device()
@@ -226,8 +234,12 @@ class PlatformConformance:
             ([7, 1, 30, 1], [7, 100, 45, 33], 6, 2, 64, 32),  # mixed: prefill, decode, chunked prefill
         ],
     )
-    def test_paged_attention(self, device_plat, ref, gen, dtype_name, query_lens, seq_lens, q_heads, kv_heads, head_size, block_size) -> None:
-        meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, query_lens, seq_lens, kv_heads, head_size, block_size)
+    def test_paged_attention(
+        self, device_plat, ref, gen, dtype_name, query_lens, seq_lens, q_heads, kv_heads, head_size, block_size
+    ) -> None:
+        meta, k_cache, v_cache = self._kv_case(
+            device_plat, gen, dtype_name, query_lens, seq_lens, kv_heads, head_size, block_size
+        )
         q = self._rand((meta.num_tokens, q_heads, head_size), dtype_name, device_plat.torch_device(), gen)
         scale = head_size**-0.5
         got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, scale)
@@ -277,8 +289,13 @@ class PlatformConformance:
 
         torch.manual_seed(0)
         config = LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
         )
         LlamaForCausalLM(config).save_pretrained(tmp_path)
         prompts = [[1, 5, 9, 33, 2], list(range(3, 40)), [7]]
@@ -312,7 +329,9 @@ class _TinyAttentionModel:
         dtype = getattr(torch, dtype_name)
         self.kernels = kernels
         self.embed = (torch.randn(100, 3 * 2 * 32, generator=gen) * 0.5).to(device=device, dtype=dtype)
-        self.proj = kernels.prepare_linear((torch.randn(16, 2 * 32, generator=gen) * 0.2).to(device=device, dtype=dtype), None)
+        self.proj = kernels.prepare_linear(
+            (torch.randn(16, 2 * 32, generator=gen) * 0.2).to(device=device, dtype=dtype), None
+        )
 
     def __call__(self, input_ids, positions, kv_caches, meta):
         qkv = self.embed[input_ids].view(-1, 3, 2, 32)
