@@ -42,7 +42,7 @@ class FakeEngine:
     def __init__(self, step_seconds: float = 0.002) -> None:
         self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(max_model_len=64)
-        self.platform = SimpleNamespace(init_device=lambda config: None)
+        self.platform = SimpleNamespace(init_device=lambda config: None, get_extension=lambda name: None)
         self.loaded = SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB), name="fake")
         self.requests: dict[str, dict] = {}
         self.step_seconds = step_seconds
@@ -86,6 +86,28 @@ class FakeEngine:
     def stats(self):
         return {"num_running": len(self.requests), "num_waiting": 0, "kv_usage": 0.1 * len(self.requests),
                 "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}  # fmt: skip
+
+
+def test_engine_thread_is_bound_and_the_front_end_moves_to_its_cpus():
+    import os
+
+    engine = FakeEngine()
+    bound_in, allowed = [], sorted(os.sched_getaffinity(0))
+    engine.platform = SimpleNamespace(
+        init_device=lambda config: bound_in.append(threading.current_thread().name),
+        get_extension=lambda name: allowed[-1:] if name == "frontend_cpus" else None,
+    )
+    result = {}
+
+    def front_end():  # on its own thread: the affinity change must not leak into the test process
+        async_engine = AsyncEngine(engine)
+        result["cpus"] = sorted(os.sched_getaffinity(0))
+        async_engine.shutdown()
+
+    thread = threading.Thread(target=front_end)
+    thread.start()
+    thread.join(10)
+    assert bound_in == ["core-engine"] and result["cpus"] == allowed[-1:]
 
 
 @pytest.fixture(scope="module")

@@ -112,18 +112,23 @@ def test_init_device_binds_threads(monkeypatch):
 
     monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "all")
     plat = CpuX86Platform()
-    result = {}
+    mine = sorted(os.sched_getaffinity(0))
+    seen = []
 
-    def engine_thread():  # init_device binds the calling thread only: run it on its own
+    def bind_and_record(then=None):  # init_device binds the calling thread only: run it on its own
         plat.init_device(object())
-        result["affinity"] = os.sched_getaffinity(0)
-        result["threads"] = torch.get_num_threads()
+        seen.append((sorted(os.sched_getaffinity(0)), plat.kernels.num_threads))
+        if then:  # a thread started by a bound one (the server's engine thread) inherits its pin
+            child = threading.Thread(target=then)
+            child.start()
+            child.join()
 
     before = torch.get_num_threads()
-    worker = threading.Thread(target=engine_thread)
+    worker = threading.Thread(target=bind_and_record, args=(bind_and_record,))
     worker.start()
     worker.join()
     torch.set_num_threads(before)
-    mine = os.sched_getaffinity(0)
-    assert result["affinity"] == mine and plat.kernels.num_threads == len(mine)
-    assert plat.get_extension("frontend_cpus") and plat.get_extension("nope") is None
+    # each binding thread is pinned to the first compute CPU, its pool to the others, and
+    # the second binding still plans every CPU the process may use
+    assert seen == [([mine[0]], len(mine)), ([mine[0]], len(mine))]
+    assert plat.get_extension("frontend_cpus") == mine and plat.get_extension("nope") is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -38,8 +39,22 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._stats: dict[str, Any] = engine.stats()
         self.step_hooks: list[Callable[[list[RequestOutput]], None]] = []  # run in the engine thread
+        self._bound = threading.Event()
         self._thread = threading.Thread(target=self._run, name="core-engine", daemon=True)
         self._thread.start()
+        self._bound.wait()
+        self._leave_compute_cpus()
+
+    def _leave_compute_cpus(self) -> None:
+        """Move the calling (front-end) thread to the CPUs the platform leaves it.
+
+        Building the engine bound this thread for the load and profile run; the engine
+        thread now owns those CPUs, and the front end must not compete with it there.
+        """
+        cpus = self.engine.platform.get_extension("frontend_cpus")
+        if cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+            logger.info("front end threads on CPUs %s", sorted(cpus))
 
     # -- asyncio side --------------------------------------------------------------------
     @property
@@ -134,7 +149,10 @@ class AsyncEngine:
 
     def _run(self) -> None:
         # bind this thread (and the compute threads it spawns) as the platform wants
-        self.engine.platform.init_device(self.engine.config)
+        try:
+            self.engine.platform.init_device(self.engine.config)
+        finally:
+            self._bound.set()
         while not self._stop.is_set():
             while True:
                 try:

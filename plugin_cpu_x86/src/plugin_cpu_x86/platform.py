@@ -72,6 +72,10 @@ class CpuX86Platform(plugins.Platform):
 
     def __init__(self) -> None:
         self._frontend_cpus: list[int] | None = None
+        #: CPUs the process may use, read at the first init_device: binding pins the calling
+        #: thread to one CPU, and a thread it starts later (the server's engine thread)
+        #: inherits that single CPU as its own affinity
+        self._allowed: list[int] | None = None
 
     def is_available(self) -> bool:
         return machine() in X86_MACHINES
@@ -125,7 +129,9 @@ class CpuX86Platform(plugins.Platform):
         """
         import torch
 
-        allowed = sorted(os.sched_getaffinity(0))
+        if self._allowed is None:
+            self._allowed = sorted(os.sched_getaffinity(0))
+        allowed = self._allowed
         rank = getattr(config, "local_rank", None) or int(os.environ.get("LOCAL_RANK", "0"))
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
         cpus = plan_compute_cpus(bind, reserved, rank, allowed)
