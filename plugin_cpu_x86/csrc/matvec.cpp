@@ -11,7 +11,7 @@
 
 namespace CX86_NS {
 
-static const int kRows = 4;    // activation rows sharing one decode of a weight block
+static const int kRows = 8;    // activation rows sharing one decode of a weight block
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
 #if defined(__AVX2__)
@@ -64,7 +64,7 @@ static inline float hsum8(__m256 v) {
 // sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
-  const int A = TT == 1 ? 4 : 2;  // independent FMA chains per activation row
+  const int A = TT == 1 ? 4 : TT <= 4 ? 2 : 1;  // independent FMA chains per activation row (16 registers)
   __m256 acc[TT][A];
   for (int t = 0; t < TT; ++t)
     for (int a = 0; a < A; ++a) acc[t][a] = _mm256_setzero_ps();
@@ -143,7 +143,11 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
             case 1: row_dot<QT, 1>(wr, xt, xs, nb, sums); break;
             case 2: row_dot<QT, 2>(wr, xt, xs, nb, sums); break;
             case 3: row_dot<QT, 3>(wr, xt, xs, nb, sums); break;
-            default: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+            case 4: row_dot<QT, 4>(wr, xt, xs, nb, sums); break;
+            case 5: row_dot<QT, 5>(wr, xt, xs, nb, sums); break;
+            case 6: row_dot<QT, 6>(wr, xt, xs, nb, sums); break;
+            case 7: row_dot<QT, 7>(wr, xt, xs, nb, sums); break;
+            default: row_dot<QT, 8>(wr, xt, xs, nb, sums); break;
           }
           for (long t = 0; t < tt; ++t) from_f32(sums[t] * scale + bj, &out[(t0 + t) * n + j]);
         }
@@ -165,6 +169,33 @@ static void gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x
     default: CX86_GEMV(CX86_INT8); break;
   }
 #undef CX86_GEMV
+}
+
+// out rows = weight rows r0 .. r1 - 1 as float32 (the same decode as the dot products)
+template <int QT>
+static void dequant_rows(const uint8_t *w, const float *row_scale, long k, long r0, long r1,
+                         float *out, int nthreads) {
+  const long rb = row_bytes(QT, k), nb = k / kBlock, n = r1 - r0;
+  parallel_for(n, row_chunk(n, nthreads), nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
+    for (long r = r0 + lo; r < r0 + hi; ++r) {
+      const uint8_t *wr = w + r * rb;
+      float *o = out + (r - r0) * k;
+      const float s = QT == CX86_INT8 ? row_scale[r] : 1.0f;
+      for (long b = 0; b < nb; ++b) {
+#if defined(__AVX2__)
+        __m256 v[4];
+        decode_block<QT>(wr + b * block_bytes(QT), v);
+        for (int j = 0; j < 4; ++j)
+          _mm256_storeu_ps(o + b * kBlock + 8 * j,
+                           QT == CX86_INT8 ? _mm256_mul_ps(v[j], _mm256_set1_ps(s)) : v[j]);
+#else
+        float v[kBlock];
+        decode_block<QT>(wr + b * block_bytes(QT), v);
+        for (int i = 0; i < kBlock; ++i) o[b * kBlock + i] = QT == CX86_INT8 ? v[i] * s : v[i];
+#endif
+      }
+    }
+  });
 }
 
 }  // namespace CX86_NS
@@ -193,6 +224,19 @@ int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long 
   gemv_typed<bf16_t>(qt, wb, row_scale, xf, k, rows, n, k, out, bias, bias_dtype, nthreads);
   free(xf);
   return 0;
+}
+
+// out[r1 - r0, k] float32 = rows r0 .. r1 - 1 of W dequantized (for prefill tiles);
+// row_scale: per-row scales for CX86_INT8, else NULL.
+void CX86_FN(dequantize)(int qt, const void *w, const float *row_scale, long k, long r0,
+                         long r1, float *out, int nthreads) {
+  const uint8_t *wb = (const uint8_t *)w;
+  switch (qt) {
+    case CX86_Q8_0: dequant_rows<CX86_Q8_0>(wb, row_scale, k, r0, r1, out, nthreads); break;
+    case CX86_Q4_0: dequant_rows<CX86_Q4_0>(wb, row_scale, k, r0, r1, out, nthreads); break;
+    case CX86_Q4_1: dequant_rows<CX86_Q4_1>(wb, row_scale, k, r0, r1, out, nthreads); break;
+    default: dequant_rows<CX86_INT8>(wb, row_scale, k, r0, r1, out, nthreads); break;
+  }
 }
 
 }  // extern "C"

@@ -231,33 +231,4 @@ int CX86_FN(quant_matmul)(int qt, const void *w, const float *row_scale, long n,
   return 0;
 }
 
-// out[r1 - r0, k] float32 = rows r0 .. r1 - 1 of W dequantized (for prefill tiles).
-void CX86_FN(dequantize)(int qt, const void *w, const float *row_scale, long k, long r0,
-                         long r1, float *out, int nthreads) {
-  const long rb = row_bytes(qt, k), nb = k / kBlock, bb = block_bytes(qt);
-  parallel_for(r1 - r0, row_chunk(r1 - r0, nthreads), nthreads, (r1 - r0) * k >= (1L << 16), [&](long lo, long hi) {
-    for (long r = r0 + lo; r < r0 + hi; ++r) {
-      const uint8_t *wr = (const uint8_t *)w + r * rb;
-      float *o = out + (r - r0) * k;
-      for (long b = 0; b < nb; ++b) {
-        const uint8_t *p = wr + b * bb;
-        float *ob = o + b * kBlock;
-        if (qt == CX86_Q8_0 || qt == CX86_INT8) {
-          const float d = qt == CX86_INT8 ? row_scale[r] : read_half(p);
-          const int8_t *q = (const int8_t *)(qt == CX86_INT8 ? p : p + 2);
-          for (int i = 0; i < kBlock; ++i) ob[i] = d * (float)q[i];
-        } else {
-          const float d = read_half(p);
-          const float m = qt == CX86_Q4_1 ? read_half(p + 2) : -8.0f * d;
-          const uint8_t *q = p + (qt == CX86_Q4_1 ? 4 : 2);
-          for (int j = 0; j < 16; ++j) {
-            ob[j] = d * (float)(q[j] & 0x0f) + m;
-            ob[j + 16] = d * (float)(q[j] >> 4) + m;
-          }
-        }
-      }
-    }
-  });
-}
-
 }  // extern "C"

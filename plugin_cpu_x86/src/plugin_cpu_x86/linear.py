@@ -28,7 +28,7 @@ _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 #: up to this many rows the native kernel runs (weights dequantized in registers, float32
 #: activations, on the kernels' own thread pool: decode batches); above, dequantized tiles
 #: + torch's GEMM (prefill chunks)
-SMALL_BATCH_MAX = 128
+SMALL_BATCH_MAX = 64
 #: the same limit for the int8-activation kernel (CPU_QUANT_ACTIVATIONS), which is not
 #: blocked for many rows
 INT8_ACT_MAX_ROWS = 16
