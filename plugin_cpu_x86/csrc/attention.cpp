@@ -9,6 +9,20 @@ namespace CX86_NS {
 
 static const int kMaxHead = 256, kMaxGroup = 16, kChunk = 32;
 
+#if defined(__AVX2__)
+static inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const bf16_t *p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 // index of the sequence owning token t (starts is non-decreasing); -1 if none
 static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
   long lo = 0, hi = num_seqs;  // invariant: starts[lo] <= t < starts[hi]
@@ -60,12 +74,32 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
           krow[j] = kc + (slot * hk + kvh) * d;
           vrow[j] = vc + (slot * hk + kvh) * d;
         }
-        for (long j = 0; j < n; ++j) {
-          const T *kr = krow[j];
-          for (long g = 0; g < group; ++g) {
+        // scores p[g][j] = q_g . k_j; with AVX2, 4 keys at a time: 4 independent FMA
+        // chains hide the FMA latency (one dot product alone is a chain of d / 8 FMAs)
+        for (long g = 0; g < group; ++g) {
+          long j = 0;
+#if defined(__AVX2__)
+          if (d % 8 == 0) {
+            for (; j + 4 <= n; j += 4) {
+              __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+              for (long i = 0; i < d; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(&qf[g][i]);
+                s0 = _mm256_fmadd_ps(qv, load8(krow[j] + i), s0);
+                s1 = _mm256_fmadd_ps(qv, load8(krow[j + 1] + i), s1);
+                s2 = _mm256_fmadd_ps(qv, load8(krow[j + 2] + i), s2);
+                s3 = _mm256_fmadd_ps(qv, load8(krow[j + 3] + i), s3);
+              }
+              p[g][j] = hsum8(s0);
+              p[g][j + 1] = hsum8(s1);
+              p[g][j + 2] = hsum8(s2);
+              p[g][j + 3] = hsum8(s3);
+            }
+          }
+#endif
+          for (; j < n; ++j) {
             float dot = 0.0f;
   #pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(kr[i]);
+            for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(krow[j][i]);
             p[g][j] = dot;
           }
         }
@@ -86,6 +120,28 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
             for (long i = 0; i < d; ++i) acc[g][i] *= corr;
           }
         }
+#if defined(__AVX2__)
+        if (d % 32 == 0) {  // acc += p . V, 32 columns in 4 registers across the chunk's keys
+          for (long g = 0; g < group; ++g)
+            for (long c = 0; c < d; c += 32) {
+              __m256 a0 = _mm256_loadu_ps(&acc[g][c]), a1 = _mm256_loadu_ps(&acc[g][c + 8]);
+              __m256 a2 = _mm256_loadu_ps(&acc[g][c + 16]), a3 = _mm256_loadu_ps(&acc[g][c + 24]);
+              for (long j = 0; j < n; ++j) {
+                const __m256 pj = _mm256_set1_ps(p[g][j]);
+                const T *vr = vrow[j] + c;
+                a0 = _mm256_fmadd_ps(pj, load8(vr), a0);
+                a1 = _mm256_fmadd_ps(pj, load8(vr + 8), a1);
+                a2 = _mm256_fmadd_ps(pj, load8(vr + 16), a2);
+                a3 = _mm256_fmadd_ps(pj, load8(vr + 24), a3);
+              }
+              _mm256_storeu_ps(&acc[g][c], a0);
+              _mm256_storeu_ps(&acc[g][c + 8], a1);
+              _mm256_storeu_ps(&acc[g][c + 16], a2);
+              _mm256_storeu_ps(&acc[g][c + 24], a3);
+            }
+          continue;
+        }
+#endif
         for (long j = 0; j < n; ++j) {
           const T *vr = vrow[j];
           for (long g = 0; g < group; ++g) {

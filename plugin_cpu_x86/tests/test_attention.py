@@ -14,6 +14,8 @@ CASES = [
     ([7], [7], 4, 4, 128),  # plain prefill, MHA
     ([5, 1, 12, 1], [5, 33, 20, 70], 8, 2, 64),  # mixed: prefill, decode, chunked prefill
     ([3, 1], [100, 1], 16, 1, 128),  # MQA, long context chunk
+    ([2, 1], [37, 70], 6, 2, 40),  # head size 40: 8-wide score loop, generic P.V loop
+    ([1, 4], [45, 9], 4, 2, 20),  # head size 20: the generic loops only
 ]
 
 
