@@ -23,7 +23,12 @@ from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
 #: (tokens, out, in): decode; a 4-row tile plus one; a 64-row block plus a part; the GEMM path
-SHAPES = [(1, 576, 576), (5, 576, 1536), (63, 96, 64), (SMALL_BATCH_MAX + 1, 200, 576)]  # 63: groups of 8 rows and a tail of 7
+SHAPES = [
+    (1, 576, 576),
+    (5, 576, 1536),
+    (63, 96, 64),
+    (SMALL_BATCH_MAX + 1, 200, 576),
+]  # 63: groups of 8 rows and a tail of 7
 
 
 def act_quant(x: torch.Tensor) -> torch.Tensor:
