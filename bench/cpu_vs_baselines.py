@@ -77,7 +77,7 @@ def part_hf(a: argparse.Namespace) -> dict:
 def part_engine(a: argparse.Namespace) -> dict:
     import engine_part
 
-    q = None if a.quantization == "none" else a.quantization
+    q = _engine_quantization(a.quantization)
     vocab = json.loads(a.context)["vocab"]
     prompt = _decode_prompt(vocab, a.seed)
     return engine_part.measure(a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed)
@@ -86,9 +86,20 @@ def part_engine(a: argparse.Namespace) -> dict:
 def part_serve(a: argparse.Namespace) -> dict:
     import serve_part
 
-    q = None if a.quantization == "none" else a.quantization
+    q = _engine_quantization(a.quantization)
     vocab = json.loads(a.context)["vocab"]
     return serve_part.measure(a.model, q, a.num_seqs, a.prompt_len, a.gen_len, vocab, a.seed)
+
+
+#: suffix of an engine configuration that runs with int8 activations (cpu_x86's
+#: CORE_CPU_QUANT_ACTIVATIONS, the rounding llama.cpp applies): "gguf+i8act"
+I8ACT = "+i8act"
+
+
+def _engine_quantization(config: str) -> str | None:
+    """The engine's --quantization for an engine configuration name (none, gguf, int8, gguf+i8act)."""
+    q = config.removesuffix(I8ACT)
+    return None if q == "none" else q
 
 
 PARTS = {"floors": part_floors, "llamacpp": part_llamacpp, "hf": part_hf, "engine": part_engine, "serve": part_serve}
@@ -111,6 +122,7 @@ def run_part(a: argparse.Namespace, name: str, quantization: str = "none", conte
     env = os.environ | {"OMP_NUM_THREADS": str(a.threads)}
     if name != "serve":  # the server plans its engine CPUs itself (auto) from the taskset-allowed ones
         env["CORE_CPU_OMP_THREADS_BIND"] = cpus
+    env["CORE_CPU_QUANT_ACTIVATIONS"] = "1" if quantization.endswith(I8ACT) else "0"
     label = name if name in ("floors", "llamacpp", "hf") else f"{name}:{quantization}"
     print(f"== {label} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(["taskset", "-c", cpus, *cmd], stdout=subprocess.PIPE, text=True, env=env)
@@ -138,8 +150,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gen-len", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens timed in batch-1 decode")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine-quant", default="gguf,int8", help="engine configurations: gguf, int8, none (fp32)")
-    p.add_argument("--serve-quant", default="gguf", help="configuration served through core serve ('' to skip)")
+    p.add_argument(
+        "--engine-quant",
+        default="gguf,gguf+i8act,int8",
+        help="engine configurations: gguf, int8, none (fp32); a +i8act suffix rounds activations to int8",
+    )
+    p.add_argument("--serve-quant", default="gguf", help="configurations served through core serve ('' to skip)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="markdown file to rewrite ('' = don't)")
     p.add_argument("--json", default=None, help="also write every raw figure here")

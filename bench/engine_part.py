@@ -54,6 +54,12 @@ def measure(
     result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
     result["platform"] = llm.engine.platform.name
     result["weights_bytes"] = llm.engine.loaded.weights_bytes
+    # bytes a decode step reads: not the embedding table when it is held apart from lm_head
+    # (a dense copy for lookups beside a quantized tied lm_head): a step reads one row of it
+    model = llm.engine.loaded.model
+    emb = model.embed_tokens
+    apart = model.lm_head.weight is not emb
+    result["streamed_bytes"] = result["weights_bytes"] - (emb.numel() * emb.element_size() if apart else 0)
     tp = run_throughput(llm, num_seqs, prompt_len, n_gen, seed)
     result["throughput"] = tp.as_dict()
     result["output_tok_s"] = tp.output_tok_s
