@@ -30,9 +30,9 @@ for _ in $(seq 180); do
 done
 
 rc=0
-timeout --signal=INT "$BUDGET" "$VENV/bin/st" run "$URL/openapi.json" \
+timeout --signal=INT "$BUDGET" "$VENV/bin/st" --no-color run "$URL/openapi.json" \
     --checks not_a_server_error --max-examples "$EXAMPLES" --request-timeout 60 \
-    --suppress-health-check all --no-color || rc=$?
+    --suppress-health-check all || rc=$?
 if [ "$rc" = 124 ]; then
     echo "fuzzing stopped after the ${BUDGET}s budget (no failure found until then)"
     rc=0
