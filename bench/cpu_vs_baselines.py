@@ -152,8 +152,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--engine-quant",
-        default="gguf,gguf+i8act,int8",
-        help="engine configurations: gguf, int8, none (fp32); a +i8act suffix rounds activations to int8",
+        default="gguf,gguf+i8act,int8,fp32",
+        help="engine configurations: gguf (= none for a GGUF file), int8, fp32 (the GGUF dequantized to a float32 "
+        "checkpoint); a +i8act suffix rounds activations to int8",
     )
     p.add_argument("--serve-quant", default="gguf", help="configurations served through core serve ('' to skip)")
     p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve")

@@ -7,9 +7,19 @@ from typing import Any
 
 
 def make_llm(model: str | None, quantization: str | None, prefix_caching: bool = True):
-    """An offline engine on the CPU in float32 (``quantization``: None, ``"gguf"`` or ``"int8"``)."""
+    """An offline engine on the CPU in float32.
+
+    ``quantization``: None or ``"gguf"`` (GGUF blocks kept as they are), ``"int8"``, or
+    ``"fp32"``: the same weights dequantized into a float32 checkpoint (see ``hf_baseline``).
+    """
     from core import LLM
 
+    if quantization == "fp32":
+        import hf_baseline
+        from core.loader.source import resolve_model
+        from llamacpp import cache_dir
+
+        model, quantization = str(hf_baseline.float32_checkpoint(str(resolve_model(model)), cache_dir())), None
     return LLM(model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching)
 
 

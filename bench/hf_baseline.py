@@ -18,6 +18,36 @@ def load(gguf_path: str, threads: int):
     return model.eval(), tokenizer
 
 
+def float32_checkpoint(gguf_path: str, cache: Path) -> Path:
+    """A Hugging Face directory (safetensors, float32) of the GGUF's dequantized weights, made once.
+
+    The engine keeps GGUF weights quantized wherever its kernels can; this is the input
+    that makes it run the same model in plain float32 (the bench's ``fp32`` configuration).
+    """
+    path = Path(gguf_path)
+    out = cache / f"fp32-{path.stem}"
+    if not (out / "model.safetensors").exists():
+        import json
+
+        from safetensors.torch import save_file
+
+        model, tokenizer = load(gguf_path, threads=1)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        # transformers refuses save_pretrained on a GGUF-loaded model: write the parts directly
+        config = model.config.to_dict()
+        weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+        if config.get("tie_word_embeddings"):
+            weights.pop("lm_head.weight", None)  # tied: stored once, as the embedding
+        save_file(weights, str(tmp / "model.safetensors"))
+        config.pop("quantization_config", None)
+        config["architectures"] = [type(model).__name__]  # None after a GGUF load
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)
+    return out
+
+
 def _generate_time(model, input_ids, new_tokens: int) -> float:
     import torch
 

@@ -5,14 +5,15 @@
 #include "common.h"
 
 // weight formats, shared with Python (plugin_cpu_x86/native.py)
-enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3 };
+// CX86_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: decode-size batches)
+enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3, CX86_F32W = 4 };
 
 namespace CX86_NS {
 
 static const int kBlock = 32;
 
 static inline long block_bytes(int qt) {
-  return qt == CX86_Q8_0 ? 34 : qt == CX86_Q4_0 ? 18 : qt == CX86_Q4_1 ? 20 : 32;
+  return qt == CX86_Q8_0 ? 34 : qt == CX86_Q4_0 ? 18 : qt == CX86_Q4_1 ? 20 : qt == CX86_F32W ? 128 : 32;
 }
 static inline long row_bytes(int qt, long k) { return k / kBlock * block_bytes(qt); }
 static inline float load_any(const void *p, int dt, long i) {

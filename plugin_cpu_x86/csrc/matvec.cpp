@@ -18,6 +18,10 @@ static const long kXRows = 64;  // activation rows a thread runs its weight rows
 // the dequantized block as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
 template <int QT>
 static inline void decode_block(const uint8_t *p, __m256 w[4]) {
+  if (QT == CX86_F32W) {
+    for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps((const float *)p + 8 * j);
+    return;
+  }
   if (QT == CX86_Q8_0 || QT == CX86_INT8) {
     const __m256 d = _mm256_set1_ps(QT == CX86_INT8 ? 1.0f : read_half(p));
     const uint8_t *q = p + (QT == CX86_INT8 ? 0 : 2);
@@ -86,6 +90,10 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 #else
 template <int QT>
 static inline void decode_block(const uint8_t *p, float *w) {
+  if (QT == CX86_F32W) {
+    memcpy(w, p, kBlock * sizeof(float));
+    return;
+  }
   if (QT == CX86_Q8_0 || QT == CX86_INT8) {
     const float d = QT == CX86_INT8 ? 1.0f : read_half(p);
     const int8_t *q = (const int8_t *)(p + (QT == CX86_INT8 ? 0 : 2));
@@ -166,6 +174,7 @@ static void gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x
     case CX86_Q8_0: CX86_GEMV(CX86_Q8_0); break;
     case CX86_Q4_0: CX86_GEMV(CX86_Q4_0); break;
     case CX86_Q4_1: CX86_GEMV(CX86_Q4_1); break;
+    case CX86_F32W: CX86_GEMV(CX86_F32W); break;
     default: CX86_GEMV(CX86_INT8); break;
   }
 #undef CX86_GEMV
@@ -207,6 +216,7 @@ extern "C" {
 // out[rows, n] (dtype, contiguous) = x[rows, k] (dtype, row stride x_stride) @ W^T
 // (+ bias), float32 accumulation on float32 activations. W: n rows in format qt;
 // row_scale: per-row scales for CX86_INT8, else NULL. k must be a multiple of 32.
+// qt CX86_F32W: W is a plain row-major float32 matrix.
 // Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
 int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,

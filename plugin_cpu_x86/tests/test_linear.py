@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from plugin_cpu_x86.linear import SMALL_BATCH_MAX, QuantizedWeight
+from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, SMALL_BATCH_MAX, QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
@@ -96,6 +96,21 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
     assert (w_deq - w.to(dtype).float()).abs().max() <= prepared.scales.max() / 2 + 1e-2
     x = torch.randn(tokens, in_features, generator=gen).to(dtype)
     check(kernels.linear(x, prepared), x, w_deq, None, f"int8 {tokens}x{in_features}->{out_features}")
+
+
+@pytest.mark.parametrize(
+    "dtype,tokens,with_bias",
+    [(torch.float32, 1, False), (torch.float32, 7, True), (torch.float32, F32_NATIVE_MAX_ROWS + 1, True),
+     (torch.bfloat16, 3, True)],
+)  # fmt: skip
+def test_float32_weight_linear(kernels, gen, dtype, tokens, with_bias):
+    """Plain float32 weights: the native kernel for decode-size batches, torch above; same product."""
+    w = torch.randn(160, 96, generator=gen)
+    bias = torch.randn(160, generator=gen) if with_bias else None
+    x = torch.randn(tokens, 96, generator=gen).to(dtype)
+    out = kernels.linear(x, kernels.prepare_linear(w, None), bias)
+    assert out.dtype == dtype and out.shape == (tokens, 160)
+    check(out, x, w, bias, f"float32 weight, {tokens} {dtype} rows")
 
 
 @pytest.fixture(scope="module")

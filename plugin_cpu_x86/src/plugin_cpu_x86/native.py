@@ -33,7 +33,7 @@ ISA_CHOICES = {
     "scalar": ("scalar",),
 }
 DTYPE_F32, DTYPE_BF16 = 0, 1
-Q8_0, Q4_0, Q4_1, INT8 = 0, 1, 2, 3
+Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
 
 _P = c_void_p
 _SIGNATURES = {
