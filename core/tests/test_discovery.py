@@ -5,7 +5,6 @@ import textwrap
 
 import pytest
 from core.discovery import discover, select_platform
-
 from plugins import PLATFORM_API_VERSION, PlatformUnavailable
 
 

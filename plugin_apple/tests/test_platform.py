@@ -4,13 +4,13 @@ import os
 import platform
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 from plugin_apple.platform import ApplePlatform, parse_version, probe, torch_mps_available
+from plugins import EnvConfigError
 
 import plugin_apple
-import plugins
-from plugins import EnvConfigError
 
 
 def test_probe_reasons():

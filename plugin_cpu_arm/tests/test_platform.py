@@ -3,11 +3,11 @@
 import platform
 
 import pluggy
+import plugins
 import plugins.hookspecs
 from plugin_cpu_arm.platform import CpuArmPlatform, probe
 
 import plugin_cpu_arm
-import plugins
 
 GRAVITON3 = (
     "processor\t: 0\nBogoMIPS\t: 2100.00\n"

@@ -15,12 +15,6 @@ static inline __m256 load8(const bf16_t *p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 // index of the sequence owning token t (starts is non-decreasing); -1 if none

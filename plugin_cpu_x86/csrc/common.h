@@ -69,6 +69,16 @@ static inline float read_half(const uint8_t *p) {
   return half_to_f32(h);
 }
 
+#if defined(__AVX2__)
+// sum of the 8 lanes
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
 static inline int imin_(int a, int b) { return a < b ? a : b; }

@@ -58,13 +58,6 @@ static inline void decode_block(const uint8_t *p, __m256 w[4]) {
   }
 }
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {

@@ -92,12 +92,6 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 #if defined(__AVX2__)
@@ -156,7 +150,7 @@ static inline void row_dot(const uint8_t *wr, const QAct &a, long t0, long k, fl
   if (b < a.nb) block_step<QT, TT>(wr, b, a, t0, k, acc0, extra0);
   for (int t = 0; t < TT; ++t) {
 #if defined(__AVX2__)
-    sums[t] = hsum(_mm256_add_ps(acc0[t], acc1[t])) + extra0[t] + extra1[t];
+    sums[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + extra0[t] + extra1[t];
 #else
     sums[t] = acc0[t] + acc1[t] + extra0[t] + extra1[t];
 #endif

@@ -6,13 +6,13 @@ import os
 import subprocess
 import sys
 
+import plugins
 import pytest
 from plugin_cpu_x86.native import select_isa
 from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.memory import GiB
 from plugins.testing import PlatformConformance
 
-import plugins
 from plugin_cpu_x86 import cpuinfo
 
 

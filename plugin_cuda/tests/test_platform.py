@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 from plugin_cuda.platform import CudaPlatform
+from plugins import EnvConfigError
 
 from plugin_cuda import detect, register_platform
-from plugins import EnvConfigError
 
 CPU_VERSION_PY = """from typing import Optional
 __all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']

@@ -3,13 +3,13 @@
 import importlib.util
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 from plugin_hpu.platform import HpuPlatform, probe
+from plugins import EnvConfigError
 
 import plugin_hpu
-import plugins
-from plugins import EnvConfigError
 
 
 def test_probe_reasons():

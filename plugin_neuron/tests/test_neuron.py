@@ -3,18 +3,18 @@
 import importlib.util
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 import torch
 from plugin_neuron.buckets import check_buckets, default_buckets, select_bucket
 from plugin_neuron.platform import NeuronPlatform, probe
 from plugin_neuron.runner import NeuronRunner
+from plugins import EnvConfigError
 from plugins.attention import AttentionMetadata
 from plugins.runner import ModelInputs
 
 import plugin_neuron
-import plugins
-from plugins import EnvConfigError
 
 
 def test_probe_reasons():

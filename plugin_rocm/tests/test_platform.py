@@ -3,6 +3,7 @@
 import os
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 from plugin_rocm.platform import (
@@ -13,11 +14,10 @@ from plugin_rocm.platform import (
     probe,
     torch_hip_version,
 )
+from plugins import EnvConfigError
 from plugins.memory import GiB
 
 import plugin_rocm
-import plugins
-from plugins import EnvConfigError
 
 CPU_BUILD = "__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n"
 ROCM_BUILD = "__version__ = '2.5.1+rocm6.2'\ncuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133-dd7f95766'\n"

@@ -3,12 +3,12 @@
 import platform
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 from plugin_s390x.platform import S390xPlatform, probe
 
 import plugin_s390x
-import plugins
 
 Z15 = (
     "vendor_id       : IBM/S390\n# processors    : 4\nbogomips per cpu: 3241.00\n"

@@ -3,17 +3,17 @@
 import importlib.util
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 import torch
 from plugin_tpu.platform import TpuPlatform, memory_info, probe
 from plugin_tpu.runner import TpuRunner
+from plugins import EnvConfigError
 from plugins.attention import AttentionMetadata
 from plugins.runner import ModelInputs
 
 import plugin_tpu
-import plugins
-from plugins import EnvConfigError
 
 
 def test_probe_reasons():

@@ -1,10 +1,9 @@
 """The SDK's shared CPU pieces: variables, thread selection and the KV budget."""
 
-import pytest
-from plugins.cpu import CpuMemoryProfiler, cpu_env_vars, cpuinfo_features, parse_cpu_list, select_cpus
-
 import plugins
+import pytest
 from plugins import EnvConfigError
+from plugins.cpu import CpuMemoryProfiler, cpu_env_vars, cpuinfo_features, parse_cpu_list, select_cpus
 
 
 class HostCpuPlatform(plugins.Platform):

@@ -1,9 +1,8 @@
 """Declared env config: both spellings, defaults, and errors that name the variable."""
 
 import pytest
-from plugins.env import parse_int_list, read_env
-
 from plugins import EnvConfigError, EnvVar
+from plugins.env import parse_int_list, read_env
 
 SIZES = EnvVar("GRAPH_SIZES", parse_int_list, (1, 2, 4), "capture sizes")
 SPACE = EnvVar("CPU_KVCACHE_SPACE", float, 0.0, "GiB")

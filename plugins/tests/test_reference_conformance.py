@@ -4,9 +4,8 @@ import subprocess
 import sys
 import textwrap
 
-from plugins.testing import PlatformConformance
-
 import plugins
+from plugins.testing import PlatformConformance
 
 
 class ReferencePlatform(plugins.Platform):

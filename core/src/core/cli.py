@@ -8,11 +8,12 @@ import logging
 import os
 import sys
 
+from plugins import EnvConfigError, PluginError
+
 from core import __version__
 from core.bench.cli import add_bench_parser
 from core.config import add_engine_args, config_from_args
 from core.discovery import PluginRecord, discover
-from plugins import EnvConfigError, PluginError
 
 logger = logging.getLogger("core")
 

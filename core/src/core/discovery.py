@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pluggy
-
 import plugins
 from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError, hookspecs
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import torch
+from plugins import Platform
 
 from core.block_manager import BlockManager
 from core.config import EngineConfig
@@ -26,7 +27,6 @@ from core.sampler import Sampler, SamplingState, make_generator, prompt_logprobs
 from core.sampling_params import SamplingParams
 from core.scheduler import Scheduler
 from core.sequence import Sequence
-from plugins import Platform
 
 logger = logging.getLogger(__name__)
 

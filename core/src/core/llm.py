@@ -6,13 +6,13 @@ import itertools
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from plugins import Platform
 from tqdm.auto import tqdm
 
 from core.config import EngineConfig
 from core.engine import LLMEngine
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
-from plugins import Platform
 
 
 class LLM:

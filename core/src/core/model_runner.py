@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
+from plugins import Platform
 from plugins.attention import AttentionMetadata
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
@@ -17,7 +18,6 @@ from plugins.runner import ModelInputs
 from core.config import EngineConfig
 from core.loader import LoadedModel
 from core.scheduler import ScheduledSeq
-from plugins import Platform
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,9 @@ import platform as _platform
 import sys
 from typing import Any
 
-from plugins.memory import GiB, MemoryProfiler
-
 import plugins
 from plugins import EnvVar
+from plugins.memory import GiB, MemoryProfiler
 
 logger = logging.getLogger(__name__)
 

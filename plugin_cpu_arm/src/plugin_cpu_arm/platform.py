@@ -7,9 +7,8 @@ import os
 import platform as _platform
 from typing import Any
 
-from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
-
 import plugins
+from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
 
 logger = logging.getLogger(__name__)
 

@@ -20,12 +20,16 @@ from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, NativeLib
 _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
 
-def _row_view(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """``x`` as rows of its last dimension with a row stride, or None if not expressible."""
-    if x.dim() == 2 and x.stride(1) == 1:
-        return x, x.stride(0)
+def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(rows, columns, row stride)`` of ``x`` read as rows of its last dimension, or None
+    if its layout is not expressible that way. Contiguous tensors (the decode step's case,
+    ~30-120 calls a token) are answered with the fewest torch calls: each costs ~0.3-5 us."""
     if x.is_contiguous():
-        return x.view(-1, x.shape[-1]), x.shape[-1]
+        n = x.shape[-1]
+        return (x.numel() // n if n else 0), n, n
+    if x.dim() == 2 and x.stride(1) == 1:
+        rows, n = x.shape
+        return rows, n, x.stride(0)
     return None
 
 
@@ -58,28 +62,15 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         """The library variant in use (``avx512vnni``, ``avx512``, ``avx2`` or ``scalar``)."""
         return self.lib.isa
 
-    # The decode step calls each wrapper ~30-120 times a token, so the common case (contiguous
-    # tensors) is tested first with the fewest torch calls (each costs ~0.3-5 us); strided rows
-    # take the general path below it.
-
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        dt, wdt = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype)
-        if dt is not None and wdt is not None and x.is_contiguous() and weight.is_contiguous():
-            n = x.shape[-1]
-            out = torch.empty_like(x)
-            self.lib.rms_norm(
-                dt, wdt, out.data_ptr(), None, x.data_ptr(), n, None, 0, weight.data_ptr(), x.numel() // n, n, eps,
-                self.num_threads,
-            )  # fmt: skip
-            return out
-        rows = _row_view(x)
+        dt, wdt, rows = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype), _rows(x)
         if dt is None or wdt is None or rows is None or not weight.is_contiguous():
             return super().rms_norm(x, weight, eps)
-        x2, stride = rows
-        out = _empty(x, tuple(x.shape))
+        num_rows, n, stride = rows
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
         self.lib.rms_norm(
-            dt, wdt, out.data_ptr(), None, x2.data_ptr(), stride, None, 0, weight.data_ptr(),
-            x2.shape[0], x2.shape[1], eps, self.num_threads,
+            dt, wdt, out.data_ptr(), None, x.data_ptr(), stride, None, 0, weight.data_ptr(), num_rows, n, eps,
+            self.num_threads,
         )  # fmt: skip
         return out
 
@@ -87,29 +78,18 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dt, wdt = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype)
+        xr, rr = _rows(x), _rows(residual)
         if (
-            dt is not None and wdt is not None and residual.dtype is x.dtype and x.is_contiguous()
-            and residual.is_contiguous() and weight.is_contiguous() and residual.shape == x.shape
-        ):  # fmt: skip
-            n = x.shape[-1]
-            out, summed = torch.empty_like(x), torch.empty_like(x)
-            self.lib.rms_norm(
-                dt, wdt, out.data_ptr(), summed.data_ptr(), x.data_ptr(), n, residual.data_ptr(), n,
-                weight.data_ptr(), x.numel() // n, n, eps, self.num_threads,
-            )  # fmt: skip
-            return out, summed
-        xr, rr = _row_view(x), _row_view(residual)
-        if (
-            dt is None or wdt is None or xr is None or rr is None or residual.dtype != x.dtype
+            dt is None or wdt is None or xr is None or rr is None or residual.dtype is not x.dtype
             or residual.shape != x.shape or not weight.is_contiguous()
         ):  # fmt: skip
             return super().fused_add_rms_norm(x, residual, weight, eps)
-        (x2, xs), (r2, rs) = xr, rr
-        shape = tuple(x.shape)
-        out, summed = _empty(x, shape), _empty(x, shape)
+        (num_rows, n, xs), rs = xr, rr[2]
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        summed = torch.empty_like(x, memory_format=torch.contiguous_format)
         self.lib.rms_norm(
-            dt, wdt, out.data_ptr(), summed.data_ptr(), x2.data_ptr(), xs, r2.data_ptr(), rs,
-            weight.data_ptr(), x2.shape[0], x2.shape[1], eps, self.num_threads,
+            dt, wdt, out.data_ptr(), summed.data_ptr(), x.data_ptr(), xs, residual.data_ptr(), rs,
+            weight.data_ptr(), num_rows, n, eps, self.num_threads,
         )  # fmt: skip
         return out, summed
 
@@ -137,20 +117,12 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         return q_out, k_out
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        dt = _DTYPES.get(x.dtype)
-        if dt is not None and x.dim() == 2 and x.is_contiguous():
-            rows, width = x.shape
-            if width % 2 == 0:
-                out = x.new_empty((rows, width // 2))
-                self.lib.silu_and_mul(dt, out.data_ptr(), x.data_ptr(), width, rows, width // 2, self.num_threads)
-                return out
-        rows = _row_view(x)
-        if dt is None or rows is None or x.shape[-1] % 2:
+        dt, rows = _DTYPES.get(x.dtype), _rows(x)
+        if dt is None or rows is None or rows[1] % 2:
             return super().silu_and_mul(x)
-        x2, stride = rows
-        inter = x.shape[-1] // 2
-        out = _empty(x, (*x.shape[:-1], inter))
-        self.lib.silu_and_mul(dt, out.data_ptr(), x2.data_ptr(), stride, x2.shape[0], inter, self.num_threads)
+        num_rows, n, stride = rows
+        out = _empty(x, (*x.shape[:-1], n // 2))
+        self.lib.silu_and_mul(dt, out.data_ptr(), x.data_ptr(), stride, num_rows, n // 2, self.num_threads)
         return out
 
     def write_kv_cache(

@@ -129,13 +129,9 @@ class QuantLinearMixin:
                 and (bias is None or (bias.dtype in _DTYPES and bias.is_contiguous()))
             ):  # fmt: skip
                 out = x.new_empty((rows, n))
-                status = self.lib.dequant_matmul(
-                    F32W, weight.data_ptr(), None, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
-                    None if bias is None else bias.data_ptr(), _DTYPES[bias.dtype] if bias is not None else DTYPE_F32,
-                    self.num_threads,
-                )  # fmt: skip
-                if status:
-                    raise MemoryError(f"dequant_matmul could not allocate its {rows}x{k} activation buffer")
+                bias_ptr, bias_dt = (None, DTYPE_F32) if bias is None else (bias.data_ptr(), _DTYPES[bias.dtype])
+                self._small_batch(F32W, weight.data_ptr(), 0, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
+                                  bias_ptr, bias_dt)  # fmt: skip
                 return out
         # torch's GEMM on all compute threads (the engine thread keeps torch at one otherwise)
         prev = torch.get_num_threads()
@@ -157,7 +153,8 @@ class QuantLinearMixin:
             rows, cols = x.shape
             if rows <= max_rows and cols == k and k % 32 == 0:
                 out = x.new_empty((rows, n))  # faster than torch.empty(..., dtype=)
-                self._small_batch(w, dt, x.data_ptr(), k, rows, out.data_ptr(), None, DTYPE_F32)
+                self._small_batch(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
+                                  None, DTYPE_F32)  # fmt: skip
                 return out
         if x.shape[-1] != k:
             raise ValueError(f"linear input has {x.shape[-1]} features, the weight expects {k}")
@@ -179,19 +176,25 @@ class QuantLinearMixin:
             bdt = _DTYPES[bias.dtype]
         out = x.new_empty((*x.shape[:-1], n))
         bias_ptr = None if bias is None else bias.data_ptr()
-        self._small_batch(w, dt, x2.data_ptr(), x2.stride(0), rows, out.data_ptr(), bias_ptr, bdt)
+        self._small_batch(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), rows,
+                          out.data_ptr(), bias_ptr, bdt)  # fmt: skip
         return out
 
-    def _small_batch(self, w: QuantizedWeight, dt: int, x_ptr: int, x_stride: int, rows: int, out_ptr: int,
-                     bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
-        """The native matrix-vector kernel: float32 activations, or int8 ones with CPU_QUANT_ACTIVATIONS."""
-        matmul = self.lib.quant_matmul if self.quantize_activations else self.lib.dequant_matmul
+    def _small_batch(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,
+                     x_stride: int, rows: int, out_ptr: int, bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
+        """The native small-batch kernel on ``n`` weight rows in format ``code`` (scales: 0 if none).
+
+        float32 activations, or int8 ones with CPU_QUANT_ACTIVATIONS for the quantized formats
+        (float32 weights always take float32 activations).
+        """
+        int8_act = self.quantize_activations and code != F32W
+        matmul = self.lib.quant_matmul if int8_act else self.lib.dequant_matmul
         status = matmul(
-            w.code, w.data_ptr, w.scales_ptr or None, w.out_features, w.in_features, dt, x_ptr, x_stride, rows,
-            out_ptr, bias_ptr, bias_dt, self.num_threads,
+            code, w_ptr, scales_ptr or None, n, k, dt, x_ptr, x_stride, rows, out_ptr, bias_ptr, bias_dt,
+            self.num_threads,
         )  # fmt: skip
         if status:
-            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{w.in_features} activation buffer")
+            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{k} activation buffer")
 
     def _tiled_linear(self, x2: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
         """float32 ``[rows, n]``: dequantize row tiles of the weight and GEMM each."""

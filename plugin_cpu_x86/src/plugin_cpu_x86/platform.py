@@ -6,9 +6,9 @@ import logging
 import os
 from typing import Any
 
+import plugins
 from plugins.memory import GiB, host_memory
 
-import plugins
 from plugin_cpu_x86.cpuinfo import X86_MACHINES, machine, parse_threads_bind, plan_compute_cpus, read_cpuinfo
 
 logger = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ import logging
 from typing import Any, ClassVar
 
 import plugins
+
 from plugin_cuda import detect
 from plugin_cuda.settings import ENV_VARS
 

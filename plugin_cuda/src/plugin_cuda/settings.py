@@ -5,9 +5,8 @@ Read as ``CORE_<NAME>`` (or ``VLLM_<NAME>``) through :class:`plugins.EnvVar`.
 
 from __future__ import annotations
 
-from plugins.env import parse_int_list
-
 from plugins import EnvVar
+from plugins.env import parse_int_list
 
 
 def parse_graph_sizes(text: str) -> tuple[int, ...]:

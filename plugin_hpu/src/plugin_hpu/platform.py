@@ -7,12 +7,12 @@ import importlib.util
 import logging
 from typing import Any
 
+import plugins
+from plugins import EnvVar
 from plugins.memory import MemoryProfiler
 
-import plugins
 from plugin_hpu.bucketing import DIMENSIONS, STRATEGIES
 from plugin_hpu.graph_memory import plan_memory
-from plugins import EnvVar
 
 logger = logging.getLogger(__name__)
 

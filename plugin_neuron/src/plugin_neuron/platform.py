@@ -13,11 +13,11 @@ import logging
 import os
 from typing import Any
 
+import plugins
+from plugins import EnvVar
 from plugins.env import parse_int_list
 
-import plugins
 from plugin_neuron.buckets import check_buckets, default_buckets
-from plugins import EnvVar
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ import os
 import re
 from typing import Any
 
-from plugins.memory import GiB, MemoryProfiler
-
 import plugins
 from plugins import EnvVar
+from plugins.memory import GiB, MemoryProfiler
 
 logger = logging.getLogger(__name__)
 

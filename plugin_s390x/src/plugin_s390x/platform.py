@@ -7,9 +7,8 @@ import platform as _platform
 import re
 from typing import Any
 
-from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
-
 import plugins
+from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
 
 #: machine type numbers of ``/proc/cpuinfo`` and the IBM Z generation they belong to
 MACHINE_GENERATIONS = {

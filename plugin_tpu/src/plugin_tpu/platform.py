@@ -9,10 +9,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.memory import MemoryProfiler
-
 import plugins
 from plugins import EnvVar
+from plugins.memory import MemoryProfiler
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-
 from plugins.attention import AttentionMetadata
 from plugins.errors import UnsupportedFeature
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-
 from plugins.attention import AttentionMetadata
 
 

@@ -24,7 +24,6 @@ import math
 from typing import Any, ClassVar
 
 import pytest
-
 from plugins.env import EnvConfigError, EnvVar
 from plugins.platform import Platform
 
@@ -195,7 +194,6 @@ class PlatformConformance:
 
     def _kv_case(self, plat, gen, dtype_name, query_lens, seq_lens, kv_heads, head_size, block_size):
         import torch
-
         from plugins.attention import AttentionMetadata
 
         dev = plat.torch_device()
@@ -265,7 +263,6 @@ class PlatformConformance:
 
     def test_runner_padding_equals_eager(self, device_plat, gen) -> None:
         import torch
-
         from plugins.runner import ModelInputs, Runner, pad_inputs
 
         dtype_name = device_plat.supported_dtypes[0]

@@ -3,11 +3,10 @@
 import importlib.metadata
 
 import pluggy
+import plugins
 import plugins.hookspecs
 import pytest
 import toy_plugin
-
-import plugins
 
 
 def test_platform_identity():
