@@ -68,6 +68,13 @@ class CpuX86Platform(plugins.Platform):
             "small-batch GGUF/int8 linears round activations to int8 (faster decode kernel, "
             "results no longer match the dequantized float32 product)",
         ),  # fmt: skip
+        plugins.EnvVar(
+            "CPU_FUSED_DECODE",
+            bool,
+            True,
+            "run batches of up to 16-64 tokens of Llama-family models as one native call a step "
+            "(same kernels and results as eager, without the Python between them)",
+        ),  # fmt: skip
     )
 
     def __init__(self) -> None:
@@ -113,6 +120,11 @@ class CpuX86Platform(plugins.Platform):
         kernels = CpuX86Kernels(self.env["CPU_KERNEL_ISA"], quantize_activations=self.env["CPU_QUANT_ACTIVATIONS"])
         logger.info("cpu_x86 kernels: %s path (CPU_KERNEL_ISA=%s)", kernels.isa, self.env["CPU_KERNEL_ISA"])
         return kernels
+
+    def make_runner(self):
+        from plugin_cpu_x86.runner import CpuX86Runner
+
+        return CpuX86Runner(self)
 
     def make_memory_profiler(self):
         from plugin_cpu_x86.memory import CpuMemoryProfiler

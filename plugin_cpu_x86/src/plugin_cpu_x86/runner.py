@@ -1,0 +1,211 @@
+"""The x86 CPU runner: small batches of Llama-family models as one native call a step.
+
+The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
+layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
+kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
+``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once, so a
+step costs one Python call and gives the eager result exactly. It is CPU graph capture
+in all but name: built in :meth:`CpuX86Runner.prepare`, used for every batch of at most
+:attr:`FusedDecoder.max_tokens` tokens; larger batches (prefill chunks) and models it
+does not recognise run eagerly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from ctypes import POINTER, Structure, c_float, c_int, c_long, c_void_p
+from typing import Any
+
+import torch
+from plugins.runner import ModelInputs, Runner
+
+from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, INT8_ACT_MAX_ROWS, SMALL_BATCH_MAX, QuantizedWeight
+from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+
+
+class _Linear(Structure):
+    _fields_ = [
+        ("w", c_void_p), ("scales", c_void_p), ("bias", c_void_p), ("n", c_long), ("k", c_long),
+        ("qt", c_int), ("bias_dtype", c_int), ("int8_act", c_int),
+    ]  # fmt: skip
+
+
+class _Layer(Structure):
+    _fields_ = [
+        ("input_norm", c_void_p), ("post_norm", c_void_p), ("qkv", _Linear), ("o", _Linear),
+        ("gate_up", _Linear), ("down", _Linear), ("k_cache", c_void_p), ("v_cache", c_void_p),
+    ]  # fmt: skip
+
+
+class _Decoder(Structure):
+    _fields_ = [
+        ("layers", POINTER(_Layer)), ("num_layers", c_long), ("hidden", c_long), ("heads", c_long),
+        ("kv_heads", c_long), ("head_dim", c_long), ("inter", c_long), ("vocab", c_long),
+        ("block_size", c_long), ("num_slots", c_long), ("embed", c_void_p), ("final_norm", c_void_p),
+        ("cos_sin", c_void_p), ("eps", c_float), ("scale", c_float), ("dtype", c_int), ("norm_dtype", c_int),
+        ("cos_sin_dtype", c_int),
+    ]  # fmt: skip
+
+
+class _Step(Structure):
+    _fields_ = [
+        ("ids", c_void_p), ("positions", c_void_p), ("slots", c_void_p), ("starts", c_void_p),
+        ("seq_lens", c_void_p), ("tables", c_void_p), ("table_stride", c_long), ("tokens", c_long),
+        ("num_seqs", c_long), ("out", c_void_p),
+    ]  # fmt: skip
+
+
+class NotFusable(Exception):
+    """The model (or its weights, caches, dtypes) is not one the native decoder runs."""
+
+
+def _need(ok: bool, why: str) -> None:
+    if not ok:
+        raise NotFusable(why)
+
+
+def _dense(t: Any, dtype: torch.dtype, what: str) -> int:
+    _need(isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_contiguous(), f"{what} is not a contiguous {dtype}")
+    return t.data_ptr()
+
+
+def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int]:
+    """The native description of a prepared linear, and the most rows its kernel takes."""
+    w, bias = module.weight, module.bias
+    if isinstance(w, QuantizedWeight):
+        code, ptr, scales, n, k = w.code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
+    else:
+        _need(isinstance(w, torch.Tensor) and w.dim() == 2, f"{what} weight is not a matrix")
+        ptr, (n, k) = _dense(w, torch.float32, f"{what} weight"), w.shape
+        code, scales = F32W, 0
+    _need(k % 32 == 0, f"{what} has {k} input features, not a multiple of 32")
+    bias_ptr, bias_dt = None, DTYPE_F32
+    if bias is not None:
+        _need(bias.dtype in _DTYPES and bias.is_contiguous(), f"{what} bias is not contiguous float32/bfloat16")
+        bias_ptr, bias_dt = bias.data_ptr(), _DTYPES[bias.dtype]
+    int8_act = bool(kernels.quantize_activations) and code != F32W
+    max_rows = F32_NATIVE_MAX_ROWS if code == F32W else INT8_ACT_MAX_ROWS if int8_act else SMALL_BATCH_MAX
+    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(int8_act)), max_rows
+
+
+class FusedDecoder:
+    """One native call per forward pass of a core Llama-family model on few tokens.
+
+    :raises NotFusable: the model, a weight format, a dtype or the cache layout is one
+        the native decoder does not run (the caller then runs eagerly).
+    """
+
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], kernels: Any) -> None:
+        _need(type(model).__module__.startswith("core.models"), f"{type(model).__name__} is not a core model")
+        layers = getattr(model, "layers", None)
+        _need(
+            layers is not None and len(layers) > 0
+            and all(type(layer).__name__ == "LlamaDecoderLayer" for layer in layers),
+            f"{type(model).__name__} is not a Llama-family decoder",
+        )  # fmt: skip
+        dtype = model.dtype
+        _need(dtype in _DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
+        _need(len(kv_caches) == len(layers), "one KV cache per layer")
+        attn0, norm_w = layers[0].self_attn, model.norm.weight
+        heads, kv_heads, d = attn0.num_heads, attn0.num_kv_heads, attn0.head_size
+        _need(heads % kv_heads == 0 and heads // kv_heads <= kernels.lib.max_group, "query heads per KV head")
+        _need(d <= kernels.lib.max_head and d % 2 == 0, f"head size {d}")
+        _need(norm_w.dtype in _DTYPES, "RMSNorm weights are not float32/bfloat16")
+        cos_sin = model.cos_sin_cache
+        _need(cos_sin.dtype in _DTYPES and cos_sin.shape[-1] == d, "rotary cache")
+        k_cache0 = kv_caches[0][0]
+        self.max_tokens = SMALL_BATCH_MAX
+        self._layers = (_Layer * len(layers))()
+        eps = {model.norm.eps}
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
+            attn, mlp = layer.self_attn, layer.mlp
+            _need((attn.num_heads, attn.num_kv_heads, attn.head_size) == (heads, kv_heads, d), "same heads per layer")
+            _need(k_cache.shape == k_cache0.shape == v_cache.shape, "same KV cache shape per layer")
+            _need(tuple(k_cache.shape[2:]) == (kv_heads, d), "KV cache layout [blocks, block_size, kv_heads, d]")
+            entry = self._layers[i]
+            entry.input_norm = _dense(layer.input_layernorm.weight, norm_w.dtype, f"layer {i} input norm")
+            entry.post_norm = _dense(layer.post_attention_layernorm.weight, norm_w.dtype, f"layer {i} post norm")
+            eps |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
+            for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
+                                 ("down", mlp.down_proj)):  # fmt: skip
+                desc, rows = _linear(module, kernels, f"layer {i} {name}")
+                setattr(entry, name, desc)
+                self.max_tokens = min(self.max_tokens, rows)
+            entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
+            entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
+        _need(len(eps) == 1, "one RMSNorm epsilon")
+        hidden = model.embed_tokens.shape[1]
+        inter = layers[0].mlp.down_proj.in_features
+        self._decoder = _Decoder(
+            self._layers, len(layers), hidden, heads, kv_heads, d, inter, model.embed_tokens.shape[0],
+            k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(model.embed_tokens, dtype, "embedding"),
+            _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"), eps.pop(),
+            attn0.scale, _DTYPES[dtype], _DTYPES[norm_w.dtype], _DTYPES[cos_sin.dtype],
+        )  # fmt: skip
+        self._decoder_ref = ctypes.byref(self._decoder)
+        self._fn = kernels.lib.decode
+        self.kernels = kernels
+        self.model = model
+        self.kv_caches = kv_caches
+        self.hidden = hidden
+        self.dtype = dtype
+
+    def can_run(self, model: Any, kv_caches: list[Any], inputs: ModelInputs) -> bool:
+        """Whether this decoder runs ``model`` on ``inputs`` (else the caller runs eagerly)."""
+        meta = inputs.attn_metadata
+        return (
+            model is self.model and kv_caches is self.kv_caches and 0 < inputs.num_tokens <= self.max_tokens
+            and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
+                                                                         meta.slot_mapping))
+            and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
+            and meta.block_tables.dtype == torch.int32 and meta.block_tables.stride(-1) == 1
+        )  # fmt: skip
+
+    def __call__(self, inputs: ModelInputs) -> torch.Tensor:
+        """Final normed hidden states ``[tokens, hidden]``, as the eager forward returns them."""
+        meta, tokens = inputs.attn_metadata, inputs.num_tokens
+        out = inputs.input_ids.new_empty((tokens, self.hidden), dtype=self.dtype)
+        step = _Step(
+            inputs.input_ids.data_ptr(), inputs.positions.data_ptr(), meta.slot_mapping.data_ptr(),
+            meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
+            meta.block_tables.stride(0), tokens, len(meta.seq_lens_host), out.data_ptr(),
+        )  # fmt: skip
+        status = self._fn(self._decoder_ref, ctypes.byref(step), self.kernels.num_threads)
+        if status == -2:
+            raise IndexError(f"token id outside the vocabulary of {self._decoder.vocab}")
+        if status == -3:
+            raise IndexError(f"slot_mapping has a slot >= the cache's {self._decoder.num_slots} slots")
+        if status:
+            raise MemoryError("the native decoder could not allocate its activation buffers")
+        return out
+
+
+class CpuX86Runner(Runner):
+    """Eager, except small batches of Llama-family models: one native call (:class:`FusedDecoder`)."""
+
+    def __init__(self, platform: Any) -> None:
+        super().__init__(platform)
+        self.fused: FusedDecoder | None = None
+
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
+        self.fused = None
+        if not self.platform.env["CPU_FUSED_DECODE"]:
+            logger.info("cpu_x86 runner: eager (CPU_FUSED_DECODE=0)")
+            return
+        try:
+            self.fused = FusedDecoder(model, kv_caches, self.platform.kernels)
+        except NotFusable as exc:
+            logger.info("cpu_x86 runner: eager, the native decoder does not run this model: %s", exc)
+            return
+        logger.info("cpu_x86 runner: batches of up to %d tokens as one native call", self.fused.max_tokens)
+
+    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+        fused = self.fused
+        if fused is not None and fused.can_run(model, kv_caches, inputs):
+            return fused(inputs)
+        return super().forward(model, kv_caches, inputs)

@@ -1,0 +1,125 @@
+"""The fused native decoder (plugin_cpu_x86.runner) against the eager forward of the same model.
+
+Both run the same kernels in the same order, so hidden states and KV caches must be
+identical, not just close: prefill chunks, mixed batches and decode steps, for Llama
+and Qwen2 (q/k/v biases), float32 and bfloat16, dense, int8 and int8-activation weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from plugin_cpu_x86.platform import CpuX86Platform
+from plugin_cpu_x86.runner import CpuX86Runner, FusedDecoder, NotFusable
+from plugins.attention import AttentionMetadata
+from plugins.runner import ModelInputs
+
+core_loader = pytest.importorskip("core.loader.loader", reason="the fused decoder runs core's models")
+
+ARCHS = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}  # fmt: skip
+BLOCK = 4
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def model_dir(request, tmp_path_factory):
+    config_cls, model_cls = ARCHS[request.param]
+    torch.manual_seed(0)
+    config = config_cls(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp(request.param)
+    model_cls(config).save_pretrained(path)
+    return path
+
+
+def load(path, dtype, quantization, int8_act):
+    platform = CpuX86Platform()
+    kernels = platform.kernels
+    kernels.quantize_activations = int8_act
+    loaded = core_loader.load_model(
+        str(path), kernels=kernels, dtype=dtype, device=torch.device("cpu"), quantization=quantization,
+        skip_tokenizer_init=True,
+    )  # fmt: skip
+    return platform, loaded.model
+
+
+def caches(model, num_blocks):
+    shape = (num_blocks, BLOCK, model.num_kv_heads, model.head_size)
+    return [(torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype)) for _ in model.layers]
+
+
+def step_inputs(new_tokens, seq_lens, tables):
+    """Inputs for sequences that already hold ``seq_lens`` tokens and get ``new_tokens``."""
+    positions = [p for toks, n in zip(new_tokens, seq_lens, strict=True) for p in range(n, n + len(toks))]
+    totals = [n + len(toks) for toks, n in zip(new_tokens, seq_lens, strict=True)]
+    meta = AttentionMetadata.build([len(t) for t in new_tokens], totals, tables, BLOCK, torch.device("cpu"))
+    ids = torch.tensor([t for toks in new_tokens for t in toks], dtype=torch.int64)
+    return ModelInputs(ids, torch.tensor(positions, dtype=torch.int64), meta), totals
+
+
+@pytest.mark.parametrize(
+    "dtype,quantization,int8_act",
+    [(torch.float32, None, False), (torch.float32, "int8", False), (torch.float32, "int8", True),
+     (torch.bfloat16, "int8", False), (torch.bfloat16, None, False)],
+)  # fmt: skip
+def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
+    platform, model = load(model_dir, dtype, quantization, int8_act)
+    eager_caches, fused_caches = caches(model, 24), caches(model, 24)
+    if dtype == torch.bfloat16 and quantization is None:  # bf16 dense weights go through torch's GEMM
+        with pytest.raises(NotFusable, match="not a contiguous torch.float32"):
+            FusedDecoder(model, fused_caches, platform.kernels)
+        return
+    fused = FusedDecoder(model, fused_caches, platform.kernels)
+    assert fused.max_tokens == (64 if quantization == "int8" and not int8_act else 16)
+    gen = torch.Generator().manual_seed(0)
+    tables = [[3, 0, 7, 9], [1, 2, 4, 5], [11, 8, 6, 10]]  # out of order: a wrong table shows
+    steps = [
+        [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6]],  # prompts (a prefill batch within max_tokens)
+        [[4], [8, 8, 3, 1, 2], [6]],  # decode steps mixed with a prompt chunk
+    ] + [[[int(t)] for t in torch.randint(0, 128, (3,), generator=gen)] for _ in range(5)]
+    seq_lens = [0, 0, 0]
+    with torch.inference_mode():
+        for new_tokens in steps:
+            inputs, seq_lens = step_inputs(new_tokens, seq_lens, tables)
+            expected = model(inputs.input_ids, inputs.positions, eager_caches, inputs.attn_metadata)
+            assert fused.can_run(model, fused_caches, inputs)
+            actual = fused(inputs)
+            assert torch.equal(actual, expected), f"hidden states differ by {(actual - expected).abs().max()}"
+            for (ek, ev), (fk, fv) in zip(eager_caches, fused_caches, strict=True):
+                assert torch.equal(ek, fk) and torch.equal(ev, fv)
+
+
+def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
+    platform, model = load(model_dir, torch.float32, None, False)
+    kv = caches(model, 8)
+    runner = CpuX86Runner(platform)
+    runner.prepare(model, kv, None)
+    assert runner.fused is not None and runner.fused.max_tokens == 16
+    small, _ = step_inputs([[1, 2, 3]], [0], [[0, 1, 2, 3]])
+    big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
+    assert runner.fused.can_run(model, kv, small)
+    assert not runner.fused.can_run(model, kv, big)  # over max_tokens: eager
+    assert not runner.fused.can_run(model, caches(model, 8), small)  # other caches: eager
+    with torch.inference_mode():
+        assert runner.forward(model, kv, big).shape == (20, 64)
+    monkeypatch.setenv("CORE_CPU_FUSED_DECODE", "0")
+    platform = CpuX86Platform()
+    runner = CpuX86Runner(platform)
+    runner.prepare(model, kv, None)
+    assert runner.fused is None
+
+
+def test_bad_token_and_slot_are_errors(model_dir):
+    platform, model = load(model_dir, torch.float32, "int8", False)
+    kv = caches(model, 2)
+    fused = FusedDecoder(model, kv, platform.kernels)
+    inputs, _ = step_inputs([[1, 500]], [0], [[0, 1]])
+    with pytest.raises(IndexError, match="vocabulary of 128"):
+        fused(inputs)
+    inputs, _ = step_inputs([[1, 2]], [0], [[0, 1]])
+    inputs.attn_metadata.slot_mapping[1] = 8  # the caches hold 2 blocks x 4 slots
+    with pytest.raises(IndexError, match="8 slots"):
+        fused(inputs)
