@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     args = parser.parse_args()
-    llm = LLM(max_model_len=512, max_num_seqs=args.num_prompts, kv_cache_bytes=256 << 20)
+    llm = LLM(max_model_len=512, max_num_seqs=args.num_prompts, kv_cache_bytes=512 << 20, enable_prefix_caching=False)
     ms = decode_ms(llm, args.reps)
     print(f"decode batch 1: {ms:.2f} ms/token = {1e3 / ms:.1f} tok/s (load {os.getloadavg()[0]:.2f})")
     best = max(

@@ -14,7 +14,7 @@ struct CX86Linear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
   const void *bias;     // NULL if none
   long n, k;
   int qt, bias_dtype;
-  int int8_act;  // quant.cpp's int8-activation kernel instead of matvec.cpp's float one
+  int int8_act;  // int8 activations where quant.cpp's kernel takes them (CPU_QUANT_ACTIVATIONS)
 };
 
 struct CX86Layer {
@@ -44,8 +44,8 @@ struct CX86Step {
 namespace CX86_NS {
 
 static int linear(const CX86Linear &l, int dtype, const void *x, long rows, void *out, int nt) {
-  return (l.int8_act ? CX86_FN(quant_matmul) : CX86_FN(dequant_matmul))(
-      l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias, l.bias_dtype, nt);
+  return CX86_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
+                         l.bias_dtype, l.int8_act, nt);
 }
 
 }  // namespace CX86_NS

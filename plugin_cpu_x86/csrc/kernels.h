@@ -28,4 +28,7 @@ int CX86_FN(quant_matmul)(int qt, const void *w, const float *row_scale, long n,
 int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads);
+int CX86_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
+                    const void *x, long x_stride, long rows, void *out, const void *bias,
+                    int bias_dtype, int int8_act, int nthreads);
 }

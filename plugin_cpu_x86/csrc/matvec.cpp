@@ -1,10 +1,10 @@
-// Quantized linear for small batches (decode) with float32 activations:
-// y[T, N] = x[T, K] @ W[N, K]^T + b. Each weight block of 32 values is dequantized in
-// registers exactly as the GGUF reference does it (Q8_0: d * q, Q4_0: d * (q - 8),
-// Q4_1: d * q + m) and multiplied into the float32 activations with FMAs, so the
-// result is the float32 product with the dequantized weights up to float32 rounding.
-// Decode streams every weight byte once per step, so this costs little next to
-// quant.cpp's int8-activation kernel, whose rounding of x can flip close greedy picks.
+// Quantized linear with float32 activations, any batch: y[T, N] = x[T, K] @ W[N, K]^T + b.
+// Each weight block of 32 values is dequantized exactly as the GGUF reference does it
+// (Q8_0: d * q, Q4_0: d * (q - 8), Q4_1: d * q + m) and multiplied into the float32
+// activations with FMAs, so the result is the float32 product with the dequantized
+// weights up to float32 rounding. A few rows (decode): blocks dequantized in registers
+// and streamed once (row_dot); from kPanelMin rows: dequantized panels and a register-
+// tiled micro-kernel (gemm_panel), as fast here as torch's GEMM on the float32 weights.
 #include <stdlib.h>
 
 #include "blocks.h"
@@ -124,6 +124,100 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 }
 #endif
 
+#if defined(__AVX2__)
+static const int kPanelX = 6;      // activation rows of the panel kernel's register tile
+static const long kPanelMin = 8;   // from this many activation rows on, the panel kernel
+
+// out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
+// k with TX * RW accumulators (6 x 2 = 12 registers, + 2 for the weights, 1 for x).
+template <int TX, int RW>
+static inline void panel_tile(const float *wp, long k, const float *x, long xs, float *sums) {
+  __m256 acc[TX][RW];
+  for (int t = 0; t < TX; ++t)
+    for (int r = 0; r < RW; ++r) acc[t][r] = _mm256_setzero_ps();
+  for (long i = 0; i < k; i += 8) {
+    __m256 w[RW];
+    for (int r = 0; r < RW; ++r) w[r] = _mm256_loadu_ps(wp + r * k + i);
+    for (int t = 0; t < TX; ++t) {
+      __m256 xv = _mm256_loadu_ps(x + t * xs + i);
+      // one load of x per row, in a register: the compiler would otherwise fold it into
+      // every FMA as a memory operand, one load per FMA (CPUs with one 256-bit load a
+      // cycle, like Zen 1, then wait on loads)
+      __asm__("" : "+x"(xv));
+      for (int r = 0; r < RW; ++r) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TX; ++t)
+    for (int r = 0; r < RW; ++r) sums[t * RW + r] = hsum8(acc[t][r]);
+}
+
+template <int RW>
+static inline void panel_rows(const float *wp, long k, const float *x, long xs, long tx, float *sums) {
+  switch (tx) {
+    case 1: panel_tile<1, RW>(wp, k, x, xs, sums); break;
+    case 2: panel_tile<2, RW>(wp, k, x, xs, sums); break;
+    case 3: panel_tile<3, RW>(wp, k, x, xs, sums); break;
+    case 4: panel_tile<4, RW>(wp, k, x, xs, sums); break;
+    case 5: panel_tile<5, RW>(wp, k, x, xs, sums); break;
+    default: panel_tile<6, RW>(wp, k, x, xs, sums); break;
+  }
+}
+
+// Many activation rows (batched decode, prefill): each pair of weight rows is dequantized
+// into an L1 panel of float32, then multiplied into a block of activation rows, 6 at a
+// time, with a register tile (the FMA:load ratio of a GEMM micro-kernel, where row_dot
+// reloads x for every weight row); the block of x stays in L2 across the weight rows.
+// Returns -1 if the panel buffer could not be had.
+template <int QT, typename T>
+static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
+                      long rows, long n, long k, T *out, const void *bias, int bias_dt,
+                      int nthreads) {
+  const long rb = row_bytes(QT, k), nb = k / kBlock, pairs = (n + 1) / 2;
+  // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
+  long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
+  xblock = xblock < kPanelX ? kPanelX : xblock;
+  int failed = 0;
+  parallel_for(pairs, row_chunk(pairs, nthreads), nthreads, true, [&](long lo, long hi) {
+    float *wp = (float *)aligned_alloc(32, 2 * k * sizeof(float));
+    if (!wp) {
+      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    for (long x0 = 0; x0 < rows; x0 += xblock) {
+      const long x1 = rows - x0 < xblock ? rows : x0 + xblock;
+      for (long pr = lo; pr < hi; ++pr) {
+        const long j = 2 * pr, rw = n - j < 2 ? 1 : 2;
+        const float *panel = QT == CX86_F32W ? (const float *)(w + j * rb) : wp;  // rows k apart
+        for (long r = 0; r < rw && QT != CX86_F32W; ++r)
+          for (long b = 0; b < nb; ++b) {
+            __m256 v[4];
+            decode_block<QT>(w + (j + r) * rb + b * block_bytes(QT), v);
+            for (int q = 0; q < 4; ++q) _mm256_store_ps(wp + r * k + b * kBlock + 8 * q, v[q]);
+          }
+        float scale[2], bj[2];
+        for (long r = 0; r < rw; ++r) {
+          scale[r] = row_scale ? row_scale[j + r] : 1.0f;
+          bj[r] = bias ? load_any(bias, bias_dt, j + r) : 0.0f;
+        }
+        for (long t0 = x0; t0 < x1; t0 += kPanelX) {
+          const long tx = x1 - t0 < kPanelX ? x1 - t0 : kPanelX;
+          float sums[kPanelX * 2];
+          if (rw == 2)
+            panel_rows<2>(panel, k, x + t0 * xs, xs, tx, sums);
+          else
+            panel_rows<1>(panel, k, x + t0 * xs, xs, tx, sums);
+          for (long t = 0; t < tx; ++t)
+            for (long r = 0; r < rw; ++r)
+              from_f32(sums[t * rw + r] * scale[r] + bj[r], &out[(t0 + t) * n + j + r]);
+        }
+      }
+    }
+    free(wp);
+  });
+  return failed ? -1 : 0;
+}
+#endif
+
 template <int QT, typename T>
 static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias,
@@ -157,47 +251,28 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
   });
 }
 
-template <typename T>
-static void gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x, long xs,
-                       long rows, long n, long k, void *out,
-                       const void *bias, int bias_dt, int nt) {
-  T *o = (T *)out;
-#define CX86_GEMV(QT) gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt)
-  switch (qt) {
-    case CX86_Q8_0: CX86_GEMV(CX86_Q8_0); break;
-    case CX86_Q4_0: CX86_GEMV(CX86_Q4_0); break;
-    case CX86_Q4_1: CX86_GEMV(CX86_Q4_1); break;
-    case CX86_F32W: CX86_GEMV(CX86_F32W); break;
-    default: CX86_GEMV(CX86_INT8); break;
-  }
-#undef CX86_GEMV
+// float32-activation product in format QT: the panel kernel for many rows, else row_dot
+template <int QT, typename T>
+static int matmul_float_act(const uint8_t *w, const float *rs, const float *x, long xs, long rows,
+                            long n, long k, T *out, const void *bias, int bias_dt, int nt) {
+#if defined(__AVX2__)
+  if (rows >= kPanelMin) return gemm_panel<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+#endif
+  gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+  return 0;
 }
 
-// out rows = weight rows r0 .. r1 - 1 as float32 (the same decode as the dot products)
-template <int QT>
-static void dequant_rows(const uint8_t *w, const float *row_scale, long k, long r0, long r1,
-                         float *out, int nthreads) {
-  const long rb = row_bytes(QT, k), nb = k / kBlock, n = r1 - r0;
-  parallel_for(n, row_chunk(n, nthreads), nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
-    for (long r = r0 + lo; r < r0 + hi; ++r) {
-      const uint8_t *wr = w + r * rb;
-      float *o = out + (r - r0) * k;
-      const float s = QT == CX86_INT8 ? row_scale[r] : 1.0f;
-      for (long b = 0; b < nb; ++b) {
-#if defined(__AVX2__)
-        __m256 v[4];
-        decode_block<QT>(wr + b * block_bytes(QT), v);
-        for (int j = 0; j < 4; ++j)
-          _mm256_storeu_ps(o + b * kBlock + 8 * j,
-                           QT == CX86_INT8 ? _mm256_mul_ps(v[j], _mm256_set1_ps(s)) : v[j]);
-#else
-        float v[kBlock];
-        decode_block<QT>(wr + b * block_bytes(QT), v);
-        for (int i = 0; i < kBlock; ++i) o[b * kBlock + i] = QT == CX86_INT8 ? v[i] * s : v[i];
-#endif
-      }
-    }
-  });
+template <typename T>
+static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x, long xs,
+                      long rows, long n, long k, void *out, const void *bias, int bias_dt, int nt) {
+  T *o = (T *)out;
+  switch (qt) {
+    case CX86_Q8_0: return matmul_float_act<CX86_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CX86_Q4_0: return matmul_float_act<CX86_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CX86_Q4_1: return matmul_float_act<CX86_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CX86_F32W: return matmul_float_act<CX86_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    default: return matmul_float_act<CX86_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+  }
 }
 
 }  // namespace CX86_NS
@@ -215,31 +290,17 @@ int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long 
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads) {
   const uint8_t *wb = (const uint8_t *)w;
-  if (dtype == CX86_F32) {
-    gemv_typed<float>(qt, wb, row_scale, (const float *)x, x_stride, rows, n, k, out, bias,
-                      bias_dtype, nthreads);
-    return 0;
-  }
+  if (dtype == CX86_F32)
+    return gemv_typed<float>(qt, wb, row_scale, (const float *)x, x_stride, rows, n, k, out, bias,
+                             bias_dtype, nthreads);
   float *xf = (float *)malloc(rows * k * sizeof(float));  // widen bfloat16 rows once
   if (!xf) return -1;
   for (long r = 0; r < rows; ++r)
     for (long i = 0; i < k; ++i) xf[r * k + i] = to_f32(((const bf16_t *)x)[r * x_stride + i]);
-  gemv_typed<bf16_t>(qt, wb, row_scale, xf, k, rows, n, k, out, bias, bias_dtype, nthreads);
+  const int status = gemv_typed<bf16_t>(qt, wb, row_scale, xf, k, rows, n, k, out, bias,
+                                        bias_dtype, nthreads);
   free(xf);
-  return 0;
-}
-
-// out[r1 - r0, k] float32 = rows r0 .. r1 - 1 of W dequantized (for prefill tiles);
-// row_scale: per-row scales for CX86_INT8, else NULL.
-void CX86_FN(dequantize)(int qt, const void *w, const float *row_scale, long k, long r0,
-                         long r1, float *out, int nthreads) {
-  const uint8_t *wb = (const uint8_t *)w;
-  switch (qt) {
-    case CX86_Q8_0: dequant_rows<CX86_Q8_0>(wb, row_scale, k, r0, r1, out, nthreads); break;
-    case CX86_Q4_0: dequant_rows<CX86_Q4_0>(wb, row_scale, k, r0, r1, out, nthreads); break;
-    case CX86_Q4_1: dequant_rows<CX86_Q4_1>(wb, row_scale, k, r0, r1, out, nthreads); break;
-    default: dequant_rows<CX86_INT8>(wb, row_scale, k, r0, r1, out, nthreads); break;
-  }
+  return status;
 }
 
 }  // extern "C"

@@ -6,10 +6,13 @@
 #include <stdlib.h>
 
 #include "blocks.h"
+#include "kernels.h"
 
 namespace CX86_NS {
 
 static const int kTile = 4;
+// the int8-activation kernel is not blocked for many rows: above this, float activations
+static const long kInt8ActMaxRows = 16;
 
 // int8 activations: q [T, K], d and s [T, K/32]
 struct QAct {
@@ -223,6 +226,19 @@ int CX86_FN(quant_matmul)(int qt, const void *w, const float *row_scale, long n,
   }
   free(buf);
   return 0;
+}
+
+// The quantized (or float32, CX86_F32W) linear, arguments as quant_matmul's: int8
+// activations when int8_act and at most kInt8ActMaxRows rows (CPU_QUANT_ACTIVATIONS; never
+// for CX86_F32W), else float32 activations (matvec.cpp: exact up to float32 rounding).
+int CX86_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
+                    const void *x, long x_stride, long rows, void *out, const void *bias,
+                    int bias_dtype, int int8_act, int nthreads) {
+  if (int8_act && qt != CX86_F32W && rows <= kInt8ActMaxRows)
+    return CX86_FN(quant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
+                                 bias_dtype, nthreads);
+  return CX86_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
+                                 bias_dtype, nthreads);
 }
 
 }  // extern "C"

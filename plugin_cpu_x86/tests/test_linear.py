@@ -17,18 +17,21 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, SMALL_BATCH_MAX, QuantizedWeight
+from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
-#: (tokens, out, in): decode; a 4-row tile plus one; a 64-row block plus a part; the GEMM path
+#: (tokens, out, in): decode; a 4-row tile plus one; the panel kernel (>= 8 rows) with a
+#: tail of 3 rows and an odd weight row; 6-row tiles and a tail of 3; two blocks of
+#: activation rows (108 rows of 576 stay in L2), as in prefill
 SHAPES = [
     (1, 576, 576),
     (5, 576, 1536),
+    (9, 97, 64),
     (63, 96, 64),
-    (SMALL_BATCH_MAX + 1, 200, 576),
-]  # 63: groups of 8 rows and a tail of 7
+    (200, 130, 576),
+]
 
 
 def act_quant(x: torch.Tensor) -> torch.Tensor:
@@ -100,8 +103,8 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
 
 @pytest.mark.parametrize(
     "dtype,tokens,with_bias",
-    [(torch.float32, 1, False), (torch.float32, 7, True), (torch.float32, F32_NATIVE_MAX_ROWS + 1, True),
-     (torch.bfloat16, 3, True)],
+    [(torch.float32, 1, False), (torch.float32, 7, True), (torch.float32, 13, True),
+     (torch.float32, F32_NATIVE_MAX_ROWS + 1, True), (torch.bfloat16, 3, True), (torch.bfloat16, 9, False)],
 )  # fmt: skip
 def test_float32_weight_linear(kernels, gen, dtype, tokens, with_bias):
     """Plain float32 weights: the native kernel for decode-size batches, torch above; same product."""
@@ -142,14 +145,14 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
     weight = GGUFWeight(kind.name, torch.from_numpy(data), data.shape[0], cols)
     prepared = kernels.prepare_linear(weight, "gguf")
     w_deq = torch.from_numpy(gguf.quants.dequantize(data, kind))
-    for tokens in (1, 2, 24, SMALL_BATCH_MAX + 1):
+    for tokens in (1, 2, 24, 130):
         x = torch.randn(tokens, cols, generator=gen)
         check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}")
 
 
 @pytest.mark.parametrize("qtype", [*QTYPES, "int8"])
 def test_int8_activation_kernel(kernels, gen, qtype):
-    """CPU_QUANT_ACTIVATIONS: the small-batch kernel on int8-rounded activations (1 and 5 rows)."""
+    """CPU_QUANT_ACTIVATIONS: int8-rounded activations for 1 and 5 rows, float32 ones for 20."""
     w = torch.randn(96, 576, generator=gen)
     if qtype == "int8":
         prepared = kernels.prepare_linear(w, "int8")
@@ -162,6 +165,8 @@ def test_int8_activation_kernel(kernels, gen, qtype):
         check_int8_activations(kernels.linear(x, prepared), x, w_deq, f"{qtype} x{tokens}")
         bias = torch.randn(96, generator=gen)
         check_int8_activations(kernels.linear(x, prepared, bias) - bias, x, w_deq, f"{qtype} x{tokens} bias")
+    x = torch.randn(20, 576, generator=gen)  # over 16 rows the float32-activation kernel runs
+    check(kernels.linear(x, prepared), x, w_deq, None, f"{qtype} x20, float32 activations")
 
 
 def test_other_gguf_types_are_dequantized_at_load(kernels, gen):

@@ -73,7 +73,7 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
             FusedDecoder(model, fused_caches, platform.kernels)
         return
     fused = FusedDecoder(model, fused_caches, platform.kernels)
-    assert fused.max_tokens == (64 if quantization == "int8" and not int8_act else 16)
+    assert fused.max_tokens == (None if quantization == "int8" else 16)  # dense float32: torch above 16
     gen = torch.Generator().manual_seed(0)
     tables = [[3, 0, 7, 9], [1, 2, 4, 5], [11, 8, 6, 10]]  # out of order: a wrong table shows
     steps = [

@@ -1,12 +1,12 @@
 """Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1).
 
-Up to :data:`SMALL_BATCH_MAX` rows (decode batches) the native kernel dequantizes
-weight blocks in registers and multiplies them into the float32 activations, so the
-result is the float32 product with the dequantized weights (csrc/matvec.cpp); with
-``CPU_QUANT_ACTIVATIONS`` the activations are rounded to int8 instead, as llama.cpp
-does (csrc/quant.cpp: faster, not exact). Larger batches (prefill) dequantize the
-weight tile by tile into float32 and multiply with torch's GEMM. Other GGUF types
-(Q4_K, Q6_K, ...) are dequantized once at load with ``gguf.quants.dequantize``.
+Every batch size runs the native kernel on the weights as stored: it dequantizes weight
+blocks in registers (a few rows) or in L1 panels (more rows) and multiplies them into the
+float32 activations, so the result is the float32 product with the dequantized weights
+(csrc/matvec.cpp); with ``CPU_QUANT_ACTIVATIONS`` batches of up to 16 rows round the
+activations to int8 instead, as llama.cpp does (csrc/quant.cpp: faster, not exact).
+Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
+``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -25,18 +25,9 @@ from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1,
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
-#: up to this many rows the native kernel runs (weights dequantized in registers, float32
-#: activations, on the kernels' own thread pool: decode batches); above, dequantized tiles
-#: + torch's GEMM (prefill chunks)
-SMALL_BATCH_MAX = 64
-#: the same limit for the int8-activation kernel (CPU_QUANT_ACTIVATIONS), which is not
-#: blocked for many rows
-INT8_ACT_MAX_ROWS = 16
-#: up to this many rows a float32 weight goes through the same native kernel (read once,
-#: on the kernels' pool); above, torch's GEMM. Torch's small-row path is 1.7-5x slower here.
+#: up to this many rows a float32 weight goes through the native kernel (read once, on the
+#: kernels' pool); above, torch's GEMM. Torch's small-row path is 1.7-5x slower here.
 F32_NATIVE_MAX_ROWS = 16
-#: float32 bytes of one dequantized weight tile (stays in L2)
-TILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -130,7 +121,7 @@ class QuantLinearMixin:
             ):  # fmt: skip
                 out = x.new_empty((rows, n))
                 bias_ptr, bias_dt = (None, DTYPE_F32) if bias is None else (bias.data_ptr(), _DTYPES[bias.dtype])
-                self._small_batch(F32W, weight.data_ptr(), 0, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
+                self._native_linear(F32W, weight.data_ptr(), 0, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
                                   bias_ptr, bias_dt)  # fmt: skip
                 return out
         # torch's GEMM on all compute threads (the engine thread keeps torch at one otherwise)
@@ -147,14 +138,13 @@ class QuantLinearMixin:
     def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         k, n = w.in_features, w.out_features
         dt = _DTYPES.get(x.dtype)
-        max_rows = INT8_ACT_MAX_ROWS if self.quantize_activations else SMALL_BATCH_MAX
         if bias is None and dt is not None and x.dim() == 2 and x.is_contiguous():
             # the decode step's case, kept short (few torch calls): this runs ~120 times a token
             rows, cols = x.shape
-            if rows <= max_rows and cols == k and k % 32 == 0:
+            if cols == k and k % 32 == 0:
                 out = x.new_empty((rows, n))  # faster than torch.empty(..., dtype=)
-                self._small_batch(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
-                                  None, DTYPE_F32)  # fmt: skip
+                self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x.data_ptr(), k, rows,
+                                    out.data_ptr(), None, DTYPE_F32)  # fmt: skip
                 return out
         if x.shape[-1] != k:
             raise ValueError(f"linear input has {x.shape[-1]} features, the weight expects {k}")
@@ -164,54 +154,26 @@ class QuantLinearMixin:
         x2 = x.reshape(-1, k)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        rows = x2.shape[0]
-        if rows > max_rows:
-            out = self._tiled_linear(x2, w)
-            if bias is not None:
-                out += bias.float()
-            return out.to(x.dtype).view(*x.shape[:-1], n)
         bdt = DTYPE_F32
         if bias is not None:
             bias = bias if bias.dtype in _DTYPES and bias.is_contiguous() else bias.float().contiguous()
             bdt = _DTYPES[bias.dtype]
         out = x.new_empty((*x.shape[:-1], n))
         bias_ptr = None if bias is None else bias.data_ptr()
-        self._small_batch(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), rows,
-                          out.data_ptr(), bias_ptr, bdt)  # fmt: skip
+        self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
+                            out.data_ptr(), bias_ptr, bdt)  # fmt: skip
         return out
 
-    def _small_batch(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,
-                     x_stride: int, rows: int, out_ptr: int, bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
-        """The native small-batch kernel on ``n`` weight rows in format ``code`` (scales: 0 if none).
+    def _native_linear(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,
+                       x_stride: int, rows: int, out_ptr: int, bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
+        """The native kernel on ``n`` weight rows in format ``code`` (scales: 0 if none).
 
-        float32 activations, or int8 ones with CPU_QUANT_ACTIVATIONS for the quantized formats
+        float32 activations, or int8 ones for small batches with CPU_QUANT_ACTIVATIONS
         (float32 weights always take float32 activations).
         """
-        int8_act = self.quantize_activations and code != F32W
-        matmul = self.lib.quant_matmul if int8_act else self.lib.dequant_matmul
-        status = matmul(
+        status = self.lib.linear(
             code, w_ptr, scales_ptr or None, n, k, dt, x_ptr, x_stride, rows, out_ptr, bias_ptr, bias_dt,
-            self.num_threads,
+            int(self.quantize_activations), self.num_threads,
         )  # fmt: skip
         if status:
-            raise MemoryError(f"{matmul.__name__} could not allocate its {rows}x{k} activation buffer")
-
-    def _tiled_linear(self, x2: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-        """float32 ``[rows, n]``: dequantize row tiles of the weight and GEMM each."""
-        k, n = w.in_features, w.out_features
-        xf = x2.float()
-        out_t = torch.empty(n, x2.shape[0], dtype=torch.float32)
-        tile = max(16, TILE_BYTES // (4 * k))
-        buf = torch.empty(min(tile, n), k, dtype=torch.float32)
-        scales = w.scales_ptr or None
-        prev = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)
-        try:
-            for r0 in range(0, n, tile):
-                r1 = min(n, r0 + tile)
-                # one thread: the kernels' pool would fight torch's spinning OpenMP team for the CPUs
-                self.lib.dequantize(w.code, w.data_ptr, scales, k, r0, r1, buf.data_ptr(), 1)
-                torch.mm(buf[: r1 - r0], xf.t(), out=out_t[r0:r1])
-        finally:
-            torch.set_num_threads(prev)
-        return out_t.t().contiguous()
+            raise MemoryError(f"the native linear kernel could not allocate its buffers ({rows}x{k} activations)")

@@ -76,10 +76,10 @@ _SIGNATURES = {
     "quant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
     # same arguments; float32 activations (csrc/matvec.cpp)
     "dequant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
+    # same arguments + int8_act before nthreads: the kernel above that fits (csrc/quant.cpp)
+    "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
     # decoder, step, nthreads (csrc/decode.cpp; structures in plugin_cpu_x86/runner.py)
     "decode": (c_int, [_P, _P, c_int]),
-    # qt, w, row_scale, k, r0, r1, out, nthreads
-    "dequantize": (None, [c_int, _P, _P, c_long, c_long, c_long, _P, c_int]),
 }
 
 

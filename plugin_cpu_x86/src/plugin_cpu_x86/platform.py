@@ -72,8 +72,8 @@ class CpuX86Platform(plugins.Platform):
             "CPU_FUSED_DECODE",
             bool,
             True,
-            "run batches of up to 16-64 tokens of Llama-family models as one native call a step "
-            "(same kernels and results as eager, without the Python between them)",
+            "run Llama-family models as one native call a step (same kernels and results as "
+            "eager, without the Python between them)",
         ),  # fmt: skip
     )
 

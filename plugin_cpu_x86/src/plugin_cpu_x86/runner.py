@@ -1,13 +1,13 @@
-"""The x86 CPU runner: small batches of Llama-family models as one native call a step.
+"""The x86 CPU runner: forward passes of Llama-family models as one native call a step.
 
 The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
 layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
 ``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once, so a
 step costs one Python call and gives the eager result exactly. It is CPU graph capture
-in all but name: built in :meth:`CpuX86Runner.prepare`, used for every batch of at most
-:attr:`FusedDecoder.max_tokens` tokens; larger batches (prefill chunks) and models it
-does not recognise run eagerly.
+in all but name, without padding: built in :meth:`CpuX86Runner.prepare`, used for every
+batch (at most 16 tokens when a weight is dense float32: torch's GEMM takes larger ones);
+models it does not recognise run eagerly.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from plugins.runner import ModelInputs, Runner
 
-from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, INT8_ACT_MAX_ROWS, SMALL_BATCH_MAX, QuantizedWeight
+from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, QuantizedWeight
 from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,8 @@ def _dense(t: Any, dtype: torch.dtype, what: str) -> int:
     return t.data_ptr()
 
 
-def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int]:
-    """The native description of a prepared linear, and the most rows its kernel takes."""
+def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int | None]:
+    """The native description of a prepared linear, and the most rows its kernel takes (None: any)."""
     w, bias = module.weight, module.bias
     if isinstance(w, QuantizedWeight):
         code, ptr, scales, n, k = w.code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
@@ -89,7 +89,7 @@ def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int]:
         _need(bias.dtype in _DTYPES and bias.is_contiguous(), f"{what} bias is not contiguous float32/bfloat16")
         bias_ptr, bias_dt = bias.data_ptr(), _DTYPES[bias.dtype]
     int8_act = bool(kernels.quantize_activations) and code != F32W
-    max_rows = F32_NATIVE_MAX_ROWS if code == F32W else INT8_ACT_MAX_ROWS if int8_act else SMALL_BATCH_MAX
+    max_rows = F32_NATIVE_MAX_ROWS if code == F32W else None
     return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(int8_act)), max_rows
 
 
@@ -119,7 +119,8 @@ class FusedDecoder:
         cos_sin = model.cos_sin_cache
         _need(cos_sin.dtype in _DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = kv_caches[0][0]
-        self.max_tokens = SMALL_BATCH_MAX
+        #: the most tokens a step may have (None: any); dense float32 weights take torch's GEMM above 16
+        self.max_tokens: int | None = None
         self._layers = (_Layer * len(layers))()
         eps = {model.norm.eps}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
@@ -135,7 +136,8 @@ class FusedDecoder:
                                  ("down", mlp.down_proj)):  # fmt: skip
                 desc, rows = _linear(module, kernels, f"layer {i} {name}")
                 setattr(entry, name, desc)
-                self.max_tokens = min(self.max_tokens, rows)
+                if rows is not None:
+                    self.max_tokens = min(self.max_tokens or rows, rows)
             entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
         _need(len(eps) == 1, "one RMSNorm epsilon")
@@ -159,7 +161,8 @@ class FusedDecoder:
         """Whether this decoder runs ``model`` on ``inputs`` (else the caller runs eagerly)."""
         meta = inputs.attn_metadata
         return (
-            model is self.model and kv_caches is self.kv_caches and 0 < inputs.num_tokens <= self.max_tokens
+            model is self.model and kv_caches is self.kv_caches and inputs.num_tokens > 0
+            and (self.max_tokens is None or inputs.num_tokens <= self.max_tokens)
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
             and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
@@ -186,7 +189,7 @@ class FusedDecoder:
 
 
 class CpuX86Runner(Runner):
-    """Eager, except small batches of Llama-family models: one native call (:class:`FusedDecoder`)."""
+    """Llama-family models as one native call a step (:class:`FusedDecoder`), other models eagerly."""
 
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
@@ -202,7 +205,8 @@ class CpuX86Runner(Runner):
         except NotFusable as exc:
             logger.info("cpu_x86 runner: eager, the native decoder does not run this model: %s", exc)
             return
-        logger.info("cpu_x86 runner: batches of up to %d tokens as one native call", self.fused.max_tokens)
+        limit = "any batch" if self.fused.max_tokens is None else f"batches of up to {self.fused.max_tokens} tokens"
+        logger.info("cpu_x86 runner: %s as one native call", limit)
 
     def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
