@@ -195,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("llamacpp", "hf"):
         if name not in skip:
             data[name] = run_part(a, name)
-    for q in filter(None, a.engine_quant.split(",")) if "engine" not in skip else ():
+    served = a.serve_quant.split(",")
+    # the served configurations' offline runs last, right before their serve runs: this
+    # machine's speed drifts by tens of percent over minutes, and serve / offline compares them
+    engine_qs = sorted(filter(None, a.engine_quant.split(",")), key=lambda q: q in served)
+    for q in engine_qs if "engine" not in skip else ():
         data[f"engine:{q}"] = run_part(a, "engine", q, context)
-    for q in filter(None, a.serve_quant.split(",")) if "serve" not in skip else ():
+    for q in filter(None, served) if "serve" not in skip else ():
         data[f"serve:{q}"] = run_part(a, "serve", q, context)
     report(data)
     if a.results:

@@ -53,10 +53,11 @@ class ModelRunner:
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.config.block_size, self.loaded.num_kv_heads, self.loaded.head_size)
+        memory = self.platform.memory
         return [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                memory.allocate_kv_cache(shape, self.dtype, self.device),
+                memory.allocate_kv_cache(shape, self.dtype, self.device),
             )
             for _ in range(self.loaded.num_layers)
         ]

@@ -78,6 +78,17 @@ class MemoryProfiler:
         budget = max(0, min(4 * GiB, free // 4))
         return budget, f"min(4 GiB, 25% of {free / GiB:.1f} GiB free after activations)"
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+        """One layer's K or V cache ``[num_blocks, block_size, kv_heads, head_size]``.
+
+        The default zeroes it. A platform whose attention reads only the slots written
+        before (positions below each sequence's length) may return it uninitialized: on
+        the host its pages are then faulted in as the cache fills, not all at start-up.
+        """
+        import torch
+
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def plan_kv_cache(self, config: Any, block_bytes: int, peak_activation_bytes: int = 0) -> KVCachePlan:
         """Turn the budget into whole blocks of ``block_bytes`` (all layers, K and V)."""
         if block_bytes <= 0:

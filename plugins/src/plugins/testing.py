@@ -260,6 +260,11 @@ class PlatformConformance:
         plan = mem.plan_kv_cache(Config(), block_bytes=1 << 20, peak_activation_bytes=0)
         assert isinstance(plan, KVCachePlan) and plan.num_blocks >= 0 and plan.detail
         assert plan.num_blocks * plan.block_bytes <= max(plan.budget_bytes, 0)
+        import torch
+
+        dtype, dev = getattr(torch, device_plat.supported_dtypes[0]), device_plat.torch_device()
+        cache = mem.allocate_kv_cache((3, 16, 2, 8), dtype, dev)
+        assert cache.shape == (3, 16, 2, 8) and cache.dtype == dtype and cache.device.type == dev.type
 
     def test_runner_padding_equals_eager(self, device_plat, gen) -> None:
         import torch
