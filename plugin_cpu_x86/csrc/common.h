@@ -77,6 +77,18 @@ static inline float hsum8(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+// the lane sums of 8 vectors, as one vector [sum(a), sum(b), ..., sum(h)]: 9 instructions
+// where 8 hsum8 take 48
+static inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, __m256 f,
+                             __m256 g, __m256 h) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 ef = _mm256_hadd_ps(e, f), gh = _mm256_hadd_ps(g, h);
+  // abcd = [sum a0-3, b0-3, c0-3, d0-3 | sum a4-7, b4-7, c4-7, d4-7]
+  const __m256 abcd = _mm256_hadd_ps(ab, cd), efgh = _mm256_hadd_ps(ef, gh);
+  return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20),
+                       _mm256_permute2f128_ps(abcd, efgh, 0x31));
+}
 #endif
 
 static inline float fmin_(float a, float b) { return a < b ? a : b; }

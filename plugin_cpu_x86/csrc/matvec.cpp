@@ -129,7 +129,8 @@ static const int kPanelX = 6;      // activation rows of the panel kernel's regi
 static const long kPanelMin = 8;   // from this many activation rows on, the panel kernel
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
-// k with TX * RW accumulators (6 x 2 = 12 registers, + 2 for the weights, 1 for x).
+// k with TX * RW accumulators (6 x 2 = 12 registers, + 2 for the weights, 1 for x);
+// writes sums[t * RW + r], and zeros up to the next multiple of 8 (sums holds 16).
 template <int TX, int RW>
 static inline void panel_tile(const float *wp, long k, const float *x, long xs, float *sums) {
   __m256 acc[TX][RW];
@@ -147,8 +148,13 @@ static inline void panel_tile(const float *wp, long k, const float *x, long xs, 
       for (int r = 0; r < RW; ++r) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
     }
   }
-  for (int t = 0; t < TX; ++t)
-    for (int r = 0; r < RW; ++r) sums[t * RW + r] = hsum8(acc[t][r]);
+  // sums[t * RW + r] = lane sum of acc[t][r], 8 at a time (zeros pad the last 8)
+  const int count = TX * RW, padded = (count + 7) / 8 * 8;
+  __m256 flat[16];
+  for (int i = 0; i < padded; ++i) flat[i] = i < count ? acc[i / RW][i % RW] : _mm256_setzero_ps();
+  for (int i = 0; i < padded; i += 8)
+    _mm256_storeu_ps(sums + i, hsum8x8(flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4],
+                                       flat[i + 5], flat[i + 6], flat[i + 7]));
 }
 
 template <int RW>
@@ -201,7 +207,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
         }
         for (long t0 = x0; t0 < x1; t0 += kPanelX) {
           const long tx = x1 - t0 < kPanelX ? x1 - t0 : kPanelX;
-          float sums[kPanelX * 2];
+          float sums[16];
           if (rw == 2)
             panel_rows<2>(panel, k, x + t0 * xs, xs, tx, sums);
           else

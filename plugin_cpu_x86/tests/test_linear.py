@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, QuantizedWeight
+from plugin_cpu_x86.linear import QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
@@ -104,7 +104,7 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
 @pytest.mark.parametrize(
     "dtype,tokens,with_bias",
     [(torch.float32, 1, False), (torch.float32, 7, True), (torch.float32, 13, True),
-     (torch.float32, F32_NATIVE_MAX_ROWS + 1, True), (torch.bfloat16, 3, True), (torch.bfloat16, 9, False)],
+     (torch.float32, 130, True), (torch.bfloat16, 3, True), (torch.bfloat16, 9, False)],
 )  # fmt: skip
 def test_float32_weight_linear(kernels, gen, dtype, tokens, with_bias):
     """Plain float32 weights: the native kernel for decode-size batches, torch above; same product."""

@@ -73,11 +73,10 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
             FusedDecoder(model, fused_caches, platform.kernels)
         return
     fused = FusedDecoder(model, fused_caches, platform.kernels)
-    assert fused.max_tokens == (None if quantization == "int8" else 16)  # dense float32: torch above 16
     gen = torch.Generator().manual_seed(0)
     tables = [[3, 0, 7, 9], [1, 2, 4, 5], [11, 8, 6, 10]]  # out of order: a wrong table shows
     steps = [
-        [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6]],  # prompts (a prefill batch within max_tokens)
+        [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6]],  # prompts
         [[4], [8, 8, 3, 1, 2], [6]],  # decode steps mixed with a prompt chunk
     ] + [[[int(t)] for t in torch.randint(0, 128, (3,), generator=gen)] for _ in range(5)]
     seq_lens = [0, 0, 0]
@@ -97,14 +96,12 @@ def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
     kv = caches(model, 8)
     runner = CpuX86Runner(platform)
     runner.prepare(model, kv, None)
-    assert runner.fused is not None and runner.fused.max_tokens == 16
-    small, _ = step_inputs([[1, 2, 3]], [0], [[0, 1, 2, 3]])
     big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
-    assert runner.fused.can_run(model, kv, small)
-    assert not runner.fused.can_run(model, kv, big)  # over max_tokens: eager
-    assert not runner.fused.can_run(model, caches(model, 8), small)  # other caches: eager
+    assert runner.fused is not None and runner.fused.can_run(model, kv, big)
+    assert not runner.fused.can_run(model, caches(model, 8), big)  # other caches: eager
     with torch.inference_mode():
-        assert runner.forward(model, kv, big).shape == (20, 64)
+        eager = model(big.input_ids, big.positions, caches(model, 8), big.attn_metadata)
+        assert torch.equal(runner.forward(model, kv, big), eager)
     monkeypatch.setenv("CORE_CPU_FUSED_DECODE", "0")
     platform = CpuX86Platform()
     runner = CpuX86Runner(platform)

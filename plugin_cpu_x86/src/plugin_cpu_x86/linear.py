@@ -25,9 +25,6 @@ from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1,
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 _DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
-#: up to this many rows a float32 weight goes through the native kernel (read once, on the
-#: kernels' pool); above, torch's GEMM. Torch's small-row path is 1.7-5x slower here.
-F32_NATIVE_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -116,7 +113,7 @@ class QuantLinearMixin:
             rows, k = x.shape
             n = weight.shape[0]
             if (
-                rows <= F32_NATIVE_MAX_ROWS and k % 32 == 0 and weight.shape[1] == k and weight.is_contiguous()
+                k % 32 == 0 and weight.shape[1] == k and weight.is_contiguous()
                 and (bias is None or (bias.dtype in _DTYPES and bias.is_contiguous()))
             ):  # fmt: skip
                 out = x.new_empty((rows, n))

@@ -5,9 +5,9 @@ layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as 
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
 ``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once, so a
 step costs one Python call and gives the eager result exactly. It is CPU graph capture
-in all but name, without padding: built in :meth:`CpuX86Runner.prepare`, used for every
-batch (at most 16 tokens when a weight is dense float32: torch's GEMM takes larger ones);
-models it does not recognise run eagerly.
+in all but name, without padding or fixed batch sizes: built in
+:meth:`CpuX86Runner.prepare`, used for every step; models it does not recognise run
+eagerly.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from plugins.runner import ModelInputs, Runner
 
-from plugin_cpu_x86.linear import F32_NATIVE_MAX_ROWS, QuantizedWeight
+from plugin_cpu_x86.linear import QuantizedWeight
 from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,8 @@ def _dense(t: Any, dtype: torch.dtype, what: str) -> int:
     return t.data_ptr()
 
 
-def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int | None]:
-    """The native description of a prepared linear, and the most rows its kernel takes (None: any)."""
+def _linear(module: Any, kernels: Any, what: str) -> _Linear:
+    """The native description of a prepared linear."""
     w, bias = module.weight, module.bias
     if isinstance(w, QuantizedWeight):
         code, ptr, scales, n, k = w.code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
@@ -89,8 +89,7 @@ def _linear(module: Any, kernels: Any, what: str) -> tuple[_Linear, int | None]:
         _need(bias.dtype in _DTYPES and bias.is_contiguous(), f"{what} bias is not contiguous float32/bfloat16")
         bias_ptr, bias_dt = bias.data_ptr(), _DTYPES[bias.dtype]
     int8_act = bool(kernels.quantize_activations) and code != F32W
-    max_rows = F32_NATIVE_MAX_ROWS if code == F32W else None
-    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(int8_act)), max_rows
+    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(int8_act))
 
 
 class FusedDecoder:
@@ -119,8 +118,6 @@ class FusedDecoder:
         cos_sin = model.cos_sin_cache
         _need(cos_sin.dtype in _DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = kv_caches[0][0]
-        #: the most tokens a step may have (None: any); dense float32 weights take torch's GEMM above 16
-        self.max_tokens: int | None = None
         self._layers = (_Layer * len(layers))()
         eps = {model.norm.eps}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
@@ -134,10 +131,7 @@ class FusedDecoder:
             eps |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
             for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
                                  ("down", mlp.down_proj)):  # fmt: skip
-                desc, rows = _linear(module, kernels, f"layer {i} {name}")
-                setattr(entry, name, desc)
-                if rows is not None:
-                    self.max_tokens = min(self.max_tokens or rows, rows)
+                setattr(entry, name, _linear(module, kernels, f"layer {i} {name}"))
             entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
         _need(len(eps) == 1, "one RMSNorm epsilon")
@@ -162,7 +156,6 @@ class FusedDecoder:
         meta = inputs.attn_metadata
         return (
             model is self.model and kv_caches is self.kv_caches and inputs.num_tokens > 0
-            and (self.max_tokens is None or inputs.num_tokens <= self.max_tokens)
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
             and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
@@ -205,8 +198,7 @@ class CpuX86Runner(Runner):
         except NotFusable as exc:
             logger.info("cpu_x86 runner: eager, the native decoder does not run this model: %s", exc)
             return
-        limit = "any batch" if self.fused.max_tokens is None else f"batches of up to {self.fused.max_tokens} tokens"
-        logger.info("cpu_x86 runner: %s as one native call", limit)
+        logger.info("cpu_x86 runner: each step as one native call")
 
     def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
