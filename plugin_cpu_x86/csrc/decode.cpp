@@ -1,4 +1,4 @@
-// A whole forward pass of a Llama-family decoder over a small batch, in one call: the
+// A whole forward pass of a Llama-family decoder over one step's batch, in one call: the
 // same kernels, in the same order, as the eager model (core/models/llama.py) runs them
 // one Python call at a time, so the result is identical. At batch 1 the eager pass
 // makes ~12 Python kernel calls a layer at 10-20 us each, as long as the kernels

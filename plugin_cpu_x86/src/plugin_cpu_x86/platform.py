@@ -65,7 +65,7 @@ class CpuX86Platform(plugins.Platform):
             "CPU_QUANT_ACTIVATIONS",
             bool,
             False,
-            "small-batch GGUF/int8 linears round activations to int8 (faster decode kernel, "
+            "GGUF/int8 linears on batches of up to 16 rows round activations to int8 (faster decode kernel, "
             "results no longer match the dequantized float32 product)",
         ),  # fmt: skip
         plugins.EnvVar(
