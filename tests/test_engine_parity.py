@@ -121,11 +121,13 @@ def check_against_hf(llm, expected, prompts=PROMPTS):
     ],
     ids=["default", "no_prefix_cache", "chunked_prefill"],
 )
-def test_greedy_matches_transformers(model_dir, engine_kwargs):
+@pytest.mark.parametrize("device", ["reference", "auto"])
+def test_greedy_matches_transformers(model_dir, engine_kwargs, device):
+    """The reference platform, and the one `--device auto` picks (its native kernels and runner)."""
     directory, expected = model_dir
     llm = LLM(
         model=str(directory),
-        device=_ReferencePlatform(),
+        device=_ReferencePlatform() if device == "reference" else device,
         dtype="float32",
         skip_tokenizer_init=True,
         max_model_len=128,
@@ -139,13 +141,14 @@ def test_greedy_matches_transformers(model_dir, engine_kwargs):
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching):
+@pytest.mark.parametrize("device", ["reference", "auto"])
+def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching, device):
     """24 blocks of 4 tokens: three 30-token prompts fill them, their decodes outgrow them."""
     directory, expected = model_dir
     block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # K+V, layers, block size, kv heads, head size, fp32
     llm = LLM(
         model=str(directory),
-        device=_ReferencePlatform(),
+        device=_ReferencePlatform() if device == "reference" else device,
         dtype="float32",
         skip_tokenizer_init=True,
         max_model_len=96,
@@ -158,15 +161,3 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching)
     assert llm.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
 
 
-def test_auto_device_matches_transformers(model_dir):
-    """The platform `--device auto` picks (a native backend where installed) gives the same tokens."""
-    directory, expected = model_dir
-    llm = LLM(
-        model=str(directory),
-        device="auto",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        kv_cache_bytes=8 << 20,
-    )
-    check_against_hf(llm, expected)
