@@ -159,5 +159,3 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching,
     assert llm.engine.block_manager.num_total_blocks == 24
     check_against_hf(llm, expected, PREEMPT_PROMPTS)
     assert llm.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
-
-
