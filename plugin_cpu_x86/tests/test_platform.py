@@ -9,7 +9,7 @@ import sys
 import plugins
 import pytest
 from plugin_cpu_x86.native import select_isa
-from plugin_cpu_x86.platform import CpuX86Platform
+from plugin_cpu_x86.platform import CpuX86Platform, process_cpus
 from plugins.memory import GiB
 from plugins.testing import PlatformConformance
 
@@ -112,23 +112,24 @@ def test_init_device_binds_threads(monkeypatch):
 
     monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "all")
     plat = CpuX86Platform()
-    mine = sorted(os.sched_getaffinity(0))
+    mine = process_cpus()  # as read before any binding (other tests may have pinned this thread)
     seen = []
 
-    def bind_and_record(then=None):  # init_device binds the calling thread only: run it on its own
-        plat.init_device(object())
-        seen.append((sorted(os.sched_getaffinity(0)), plat.kernels.num_threads))
-        if then:  # a thread started by a bound one (the server's engine thread) inherits its pin
-            child = threading.Thread(target=then)
+    def bind_and_record(platform, then=None):  # init_device binds the calling thread only: run it on its own
+        platform.init_device(object())
+        seen.append((sorted(os.sched_getaffinity(0)), platform.kernels.num_threads))
+        if then:  # a thread started by a bound one (the server's engine thread) inherits its pin;
+            # it builds a second platform, as a second engine in the process does
+            child = threading.Thread(target=then, args=(CpuX86Platform(),))
             child.start()
             child.join()
 
     before = torch.get_num_threads()
-    worker = threading.Thread(target=bind_and_record, args=(bind_and_record,))
+    worker = threading.Thread(target=bind_and_record, args=(plat, bind_and_record))
     worker.start()
     worker.join()
     torch.set_num_threads(before)
     # each binding thread is pinned to the first compute CPU, its pool to the others, and
-    # the second binding still plans every CPU the process may use
+    # the second binding (another platform object) still plans every CPU the process may use
     assert seen == [([mine[0]], len(mine)), ([mine[0]], len(mine))]
     assert plat.get_extension("frontend_cpus") == mine and plat.get_extension("nope") is None
