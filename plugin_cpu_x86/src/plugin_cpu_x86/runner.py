@@ -93,7 +93,7 @@ def _linear(module: Any, kernels: Any, what: str) -> _Linear:
 
 
 class FusedDecoder:
-    """One native call per forward pass of a core Llama-family model on few tokens.
+    """One native call per forward pass of a core Llama-family model (any batch of a step).
 
     :raises NotFusable: the model, a weight format, a dtype or the cache layout is one
         the native decoder does not run (the caller then runs eagerly).
@@ -118,6 +118,11 @@ class FusedDecoder:
         cos_sin = model.cos_sin_cache
         _need(cos_sin.dtype in _DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = kv_caches[0][0]
+        hidden, inter = model.embed_tokens.shape[1], layers[0].mlp.down_proj.in_features
+        q_size, kv_size = heads * d, kv_heads * d
+        # (in, out) of each projection: the native decoder sizes its buffers from these
+        shapes = {"qkv": (hidden, q_size + 2 * kv_size), "o": (q_size, hidden), "gate_up": (hidden, 2 * inter),
+                  "down": (inter, hidden)}  # fmt: skip
         self._layers = (_Layer * len(layers))()
         eps = {model.norm.eps}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
@@ -131,12 +136,11 @@ class FusedDecoder:
             eps |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
             for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
                                  ("down", mlp.down_proj)):  # fmt: skip
+                _need((module.in_features, module.out_features) == shapes[name], f"layer {i} {name} shape")
                 setattr(entry, name, _linear(module, kernels, f"layer {i} {name}"))
             entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
         _need(len(eps) == 1, "one RMSNorm epsilon")
-        hidden = model.embed_tokens.shape[1]
-        inter = layers[0].mlp.down_proj.in_features
         self._decoder = _Decoder(
             self._layers, len(layers), hidden, heads, kv_heads, d, inter, model.embed_tokens.shape[0],
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(model.embed_tokens, dtype, "embedding"),
