@@ -5,7 +5,7 @@
 #include "common.h"
 
 // weight formats, shared with Python (plugin_cpu_x86/native.py)
-// CX86_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: decode-size batches)
+// CX86_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
 enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3, CX86_F32W = 4 };
 
 namespace CX86_NS {

@@ -184,8 +184,9 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
   xblock = xblock < kPanelX ? kPanelX : xblock;
   int failed = 0;
   parallel_for(pairs, row_chunk(pairs, nthreads), nthreads, true, [&](long lo, long hi) {
-    float *wp = (float *)aligned_alloc(32, 2 * k * sizeof(float));
-    if (!wp) {
+    // float32 weight rows are the panel as they are; others are dequantized into wp
+    float *wp = QT == CX86_F32W ? NULL : (float *)aligned_alloc(32, 2 * k * sizeof(float));
+    if (QT != CX86_F32W && !wp) {
       __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
       return;
     }
@@ -193,7 +194,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
       const long x1 = rows - x0 < xblock ? rows : x0 + xblock;
       for (long pr = lo; pr < hi; ++pr) {
         const long j = 2 * pr, rw = n - j < 2 ? 1 : 2;
-        const float *panel = QT == CX86_F32W ? (const float *)(w + j * rb) : wp;  // rows k apart
+        const float *panel = QT == CX86_F32W ? (const float *)(w + j * rb) : wp;
         for (long r = 0; r < rw && QT != CX86_F32W; ++r)
           for (long b = 0; b < nb; ++b) {
             __m256 v[4];

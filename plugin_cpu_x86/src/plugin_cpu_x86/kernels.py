@@ -14,10 +14,9 @@ import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
 
+from plugin_cpu_x86.linear import NATIVE_DTYPES as _DTYPES
 from plugin_cpu_x86.linear import QuantLinearMixin
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, NativeLib
-
-_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+from plugin_cpu_x86.native import NativeLib
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:

@@ -24,7 +24,8 @@ from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1,
 #: GGUF types kept in their blocks, with their native format code
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
-_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+#: torch dtypes the native kernels take, with their dtype codes (shared by kernels.py and runner.py)
+NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
 
 @dataclass(frozen=True)
@@ -108,16 +109,16 @@ class QuantLinearMixin:
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             return self._quantized_linear(x, weight, bias)
-        dt = _DTYPES.get(x.dtype)
+        dt = NATIVE_DTYPES.get(x.dtype)
         if weight.dtype is torch.float32 and dt is not None and x.dim() == 2 and x.is_contiguous():
             rows, k = x.shape
             n = weight.shape[0]
             if (
                 k % 32 == 0 and weight.shape[1] == k and weight.is_contiguous()
-                and (bias is None or (bias.dtype in _DTYPES and bias.is_contiguous()))
+                and (bias is None or (bias.dtype in NATIVE_DTYPES and bias.is_contiguous()))
             ):  # fmt: skip
                 out = x.new_empty((rows, n))
-                bias_ptr, bias_dt = (None, DTYPE_F32) if bias is None else (bias.data_ptr(), _DTYPES[bias.dtype])
+                bias_ptr, bias_dt = (None, DTYPE_F32) if bias is None else (bias.data_ptr(), NATIVE_DTYPES[bias.dtype])
                 self._native_linear(F32W, weight.data_ptr(), 0, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
                                   bias_ptr, bias_dt)  # fmt: skip
                 return out
@@ -134,7 +135,7 @@ class QuantLinearMixin:
 
     def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         k, n = w.in_features, w.out_features
-        dt = _DTYPES.get(x.dtype)
+        dt = NATIVE_DTYPES.get(x.dtype)
         if bias is None and dt is not None and x.dim() == 2 and x.is_contiguous():
             # the decode step's case, kept short (few torch calls): this runs ~120 times a token
             rows, cols = x.shape
@@ -153,8 +154,8 @@ class QuantLinearMixin:
             x2 = x2.contiguous()
         bdt = DTYPE_F32
         if bias is not None:
-            bias = bias if bias.dtype in _DTYPES and bias.is_contiguous() else bias.float().contiguous()
-            bdt = _DTYPES[bias.dtype]
+            bias = bias if bias.dtype in NATIVE_DTYPES and bias.is_contiguous() else bias.float().contiguous()
+            bdt = NATIVE_DTYPES[bias.dtype]
         out = x.new_empty((*x.shape[:-1], n))
         bias_ptr = None if bias is None else bias.data_ptr()
         self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],

@@ -72,11 +72,8 @@ _SIGNATURES = {
     ),  # fmt: skip
     "attention_max_head": (c_long, []),
     "attention_max_group": (c_long, []),
-    # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
-    "quant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
-    # same arguments; float32 activations (csrc/matvec.cpp)
-    "dequant_matmul": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
-    # same arguments + int8_act before nthreads: the kernel above that fits (csrc/quant.cpp)
+    # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, int8_act, nthreads
+    # (csrc/quant.cpp: the int8- or float32-activation kernel that fits)
     "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
     # decoder, step, nthreads (csrc/decode.cpp; structures in plugin_cpu_x86/runner.py)
     "decode": (c_int, [_P, _P, c_int]),

@@ -20,12 +20,11 @@ from typing import Any
 import torch
 from plugins.runner import ModelInputs, Runner
 
+from plugin_cpu_x86.linear import NATIVE_DTYPES as _DTYPES
 from plugin_cpu_x86.linear import QuantizedWeight
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W
+from plugin_cpu_x86.native import DTYPE_F32, F32W
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
 
 class _Linear(Structure):
