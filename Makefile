@@ -5,13 +5,24 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
+# what an install is made from: when none of it changed since the last install (the
+# stamp files), `make serve` / `make test` start at once instead of reinstalling
+SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
+	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
+
 .PHONY: install install-test serve test lint dev
 
-install:
-	scripts/install.sh
+install: $(VENV)/.installed
 
-install-test:
+install-test: $(VENV)/.installed-test
+
+$(VENV)/.installed: $(SOURCES)
+	scripts/install.sh
+	touch $@
+
+$(VENV)/.installed-test: $(SOURCES)
 	WITH_TEST_DEPS=1 scripts/install.sh
+	touch $@ $(VENV)/.installed
 
 dev:
 	WITH_TEST_DEPS=1 scripts/install.sh --editable
