@@ -11,6 +11,7 @@
 
 namespace CX86_NS {
 
+static constexpr int imin_c(int a, int b) { return a < b ? a : b; }
 static const int kRows = 8;    // activation rows sharing one decode of a weight block
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
@@ -125,11 +126,16 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 #endif
 
 #if defined(__AVX2__)
-static const int kPanelX = 6;      // activation rows of the panel kernel's register tile
+#ifndef PX
+#define PX 3
+#define PW 4
+#endif
+static const int kPanelX = PX;     // activation rows of the panel kernel's register tile ...
+static const int kPanelW = PW;     // ... times weight rows: 4 x 3 = 12 accumulators
 static const long kPanelMin = 8;   // from this many activation rows on, the panel kernel
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
-// k with TX * RW accumulators (6 x 2 = 12 registers, + 2 for the weights, 1 for x);
+// k with TX * RW accumulators (4 x 3 = 12 registers, + 3 for the weights, 1 for x);
 // writes sums[t * RW + r], and zeros up to the next multiple of 8 (sums holds 16).
 template <int TX, int RW>
 static inline void panel_tile(const float *wp, long k, const float *x, long xs, float *sums) {
@@ -159,41 +165,42 @@ static inline void panel_tile(const float *wp, long k, const float *x, long xs, 
 
 template <int RW>
 static inline void panel_rows(const float *wp, long k, const float *x, long xs, long tx, float *sums) {
+  static_assert(kPanelX <= 6, "panel_rows dispatches up to 6 activation rows");
   switch (tx) {
     case 1: panel_tile<1, RW>(wp, k, x, xs, sums); break;
     case 2: panel_tile<2, RW>(wp, k, x, xs, sums); break;
-    case 3: panel_tile<3, RW>(wp, k, x, xs, sums); break;
-    case 4: panel_tile<4, RW>(wp, k, x, xs, sums); break;
-    case 5: panel_tile<5, RW>(wp, k, x, xs, sums); break;
-    default: panel_tile<6, RW>(wp, k, x, xs, sums); break;
+    case 3: panel_tile<imin_c(3, kPanelX), RW>(wp, k, x, xs, sums); break;
+    case 4: panel_tile<imin_c(4, kPanelX), RW>(wp, k, x, xs, sums); break;
+    case 5: panel_tile<imin_c(5, kPanelX), RW>(wp, k, x, xs, sums); break;
+    default: panel_tile<kPanelX, RW>(wp, k, x, xs, sums); break;
   }
 }
 
-// Many activation rows (batched decode, prefill): each pair of weight rows is dequantized
-// into an L1 panel of float32, then multiplied into a block of activation rows, 6 at a
-// time, with a register tile (the FMA:load ratio of a GEMM micro-kernel, where row_dot
-// reloads x for every weight row); the block of x stays in L2 across the weight rows.
-// Returns -1 if the panel buffer could not be had.
+// Many activation rows (batched decode, prefill): each group of kPanelW weight rows is
+// dequantized into an L1 panel of float32, then multiplied into a block of activation
+// rows, kPanelX at a time, with a register tile (the FMA:load ratio of a GEMM micro-
+// kernel, where row_dot reloads x for every weight row); the block of x stays in L2
+// across the weight rows. Returns -1 if the panel buffer could not be had.
 template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-  const long rb = row_bytes(QT, k), nb = k / kBlock, pairs = (n + 1) / 2;
+  const long rb = row_bytes(QT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
   xblock = xblock < kPanelX ? kPanelX : xblock;
   int failed = 0;
-  parallel_for(pairs, row_chunk(pairs, nthreads), nthreads, true, [&](long lo, long hi) {
+  parallel_for(groups, row_chunk(groups, nthreads), nthreads, true, [&](long lo, long hi) {
     // float32 weight rows are the panel as they are; others are dequantized into wp
-    float *wp = QT == CX86_F32W ? NULL : (float *)aligned_alloc(32, 2 * k * sizeof(float));
+    float *wp = QT == CX86_F32W ? NULL : (float *)aligned_alloc(32, kPanelW * k * sizeof(float));
     if (QT != CX86_F32W && !wp) {
       __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
       return;
     }
     for (long x0 = 0; x0 < rows; x0 += xblock) {
       const long x1 = rows - x0 < xblock ? rows : x0 + xblock;
-      for (long pr = lo; pr < hi; ++pr) {
-        const long j = 2 * pr, rw = n - j < 2 ? 1 : 2;
+      for (long g = lo; g < hi; ++g) {
+        const long j = kPanelW * g, rw = n - j < kPanelW ? n - j : kPanelW;
         const float *panel = QT == CX86_F32W ? (const float *)(w + j * rb) : wp;
         for (long r = 0; r < rw && QT != CX86_F32W; ++r)
           for (long b = 0; b < nb; ++b) {
@@ -201,18 +208,20 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
             decode_block<QT>(w + (j + r) * rb + b * block_bytes(QT), v);
             for (int q = 0; q < 4; ++q) _mm256_store_ps(wp + r * k + b * kBlock + 8 * q, v[q]);
           }
-        float scale[2], bj[2];
+        float scale[kPanelW], bj[kPanelW];
         for (long r = 0; r < rw; ++r) {
           scale[r] = row_scale ? row_scale[j + r] : 1.0f;
           bj[r] = bias ? load_any(bias, bias_dt, j + r) : 0.0f;
         }
         for (long t0 = x0; t0 < x1; t0 += kPanelX) {
           const long tx = x1 - t0 < kPanelX ? x1 - t0 : kPanelX;
-          float sums[16];
-          if (rw == 2)
-            panel_rows<2>(panel, k, x + t0 * xs, xs, tx, sums);
-          else
-            panel_rows<1>(panel, k, x + t0 * xs, xs, tx, sums);
+          float sums[24];
+          switch (rw) {
+            case 1: panel_rows<1>(panel, k, x + t0 * xs, xs, tx, sums); break;
+            case 2: panel_rows<imin_c(2, kPanelW)>(panel, k, x + t0 * xs, xs, tx, sums); break;
+            case 3: panel_rows<imin_c(3, kPanelW)>(panel, k, x + t0 * xs, xs, tx, sums); break;
+            default: panel_rows<kPanelW>(panel, k, x + t0 * xs, xs, tx, sums); break;
+          }
           for (long t = 0; t < tx; ++t)
             for (long r = 0; r < rw; ++r)
               from_f32(sums[t * rw + r] * scale[r] + bj[r], &out[(t0 + t) * n + j + r]);

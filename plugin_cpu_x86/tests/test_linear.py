@@ -22,14 +22,15 @@ from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
-#: (tokens, out, in): decode; a 4-row tile plus one; the panel kernel (>= 8 rows) with a
-#: tail of 3 rows and an odd weight row; 6-row tiles and a tail of 3; two blocks of
-#: activation rows (108 rows of 576 stay in L2), as in prefill
+#: (tokens, out, in): decode; a 4-row tile plus one; the panel kernel (>= 8 rows, tiles of
+#: 4 activation rows x 3 weight rows) with tails of 1, 2 and 3 activation rows and of 1 and
+#: 2 weight rows; two blocks of activation rows (112 rows of 576 stay in L2), as in prefill
 SHAPES = [
     (1, 576, 576),
     (5, 576, 1536),
     (9, 97, 64),
-    (63, 96, 64),
+    (14, 98, 64),
+    (63, 98, 64),
     (200, 130, 576),
 ]
 
