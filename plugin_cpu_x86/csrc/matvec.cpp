@@ -126,12 +126,9 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 #endif
 
 #if defined(__AVX2__)
-#ifndef PX
-#define PX 3
-#define PW 4
-#endif
-static const int kPanelX = PX;     // activation rows of the panel kernel's register tile ...
-static const int kPanelW = PW;     // ... times weight rows: 4 x 3 = 12 accumulators
+// activation rows x weight rows of the panel kernel's register tile: 4 x 3 = 12 accumulators
+// (6 x 2 and 3 x 4 measured 2.5% slower at 32 rows on Zen 1, equal at 512; 32 = 8 x 4, no tail)
+static const int kPanelX = 4, kPanelW = 3;
 static const long kPanelMin = 8;   // from this many activation rows on, the panel kernel
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
