@@ -88,6 +88,12 @@ def model_dir(request, tmp_path_factory):
     return directory, {id(ps): [hf_greedy(hf, p) for p in ps] for ps in (PROMPTS, PREEMPT_PROMPTS)}
 
 
+def engine(directory, device, **kwargs):
+    """A float32 engine on the model in ``directory``: the reference platform, or ``device``."""
+    device = _ReferencePlatform() if device == "reference" else device
+    return LLM(model=str(directory), device=device, dtype="float32", skip_tokenizer_init=True, **kwargs)
+
+
 def assert_no_leak(llm):
     bm = llm.engine.block_manager
     assert not llm.engine.has_unfinished_requests()
@@ -125,14 +131,7 @@ def check_against_hf(llm, expected, prompts=PROMPTS):
 def test_greedy_matches_transformers(model_dir, engine_kwargs, device):
     """The reference platform, and the one `--device auto` picks (its native kernels and runner)."""
     directory, expected = model_dir
-    llm = LLM(
-        model=str(directory),
-        device=_ReferencePlatform() if device == "reference" else device,
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        **engine_kwargs,
-    )
+    llm = engine(directory, device, max_model_len=128, **engine_kwargs)
     check_against_hf(llm, expected)
     # same prompts again: now served from the prefix cache where enabled, same tokens
     check_against_hf(llm, expected)
@@ -146,11 +145,9 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching,
     """24 blocks of 4 tokens: three 30-token prompts fill them, their decodes outgrow them."""
     directory, expected = model_dir
     block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # K+V, layers, block size, kv heads, head size, fp32
-    llm = LLM(
-        model=str(directory),
-        device=_ReferencePlatform() if device == "reference" else device,
-        dtype="float32",
-        skip_tokenizer_init=True,
+    llm = engine(
+        directory,
+        device,
         max_model_len=96,
         block_size=4,
         kv_cache_bytes=24 * block_bytes,
@@ -159,3 +156,20 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching,
     assert llm.engine.block_manager.num_total_blocks == 24
     check_against_hf(llm, expected, PREEMPT_PROMPTS)
     assert llm.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
+
+
+@pytest.mark.parametrize("device", ["reference", "auto"])
+def test_profile_run_only_when_the_profiler_needs_it(tmp_path, device, monkeypatch):
+    """The engine runs the profile forward pass exactly when the platform's memory profiler
+    asks for it (the reference's does; cpu_x86's sizes the KV cache without one), and
+    generates the same tokens either way."""
+    from core.model_runner import ModelRunner
+
+    hf = build("llama", tmp_path)
+    calls = []
+    profile_run = ModelRunner.profile_run
+    monkeypatch.setattr(ModelRunner, "profile_run", lambda self: calls.append(self) or profile_run(self))
+    llm = engine(tmp_path, device, max_model_len=128, kv_cache_bytes=1 << 20)
+    needs = llm.engine.platform.memory.needs_profile_run
+    assert len(calls) == int(needs) and (needs or device != "reference")
+    check_against_hf(llm, {id(PROMPTS): [hf_greedy(hf, p) for p in PROMPTS]})

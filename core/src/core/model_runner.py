@@ -82,9 +82,11 @@ class ModelRunner:
         self.platform.synchronize()
 
     def plan_and_allocate_kv_cache(self) -> KVCachePlan:
-        """Profile, ask the platform how many blocks fit, allocate them, prepare the runner."""
-        peak = self.platform.memory.measure_peak(self.profile_run)
-        plan = self.platform.memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
+        """Profile (if the platform's profiler needs it), ask the platform how many blocks fit,
+        allocate them, prepare the runner."""
+        memory = self.platform.memory
+        peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
+        plan = memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
         logger.info("%s", plan.detail)
         min_blocks = -(-self.config.max_model_len // self.config.block_size)
         # more blocks than max_num_seqs full-length sequences (x2: room for the prefix cache) buy nothing

@@ -1,8 +1,9 @@
 """Memory profiling and KV-cache planning.
 
 The engine loads the weights, asks the platform's :class:`MemoryProfiler` to measure
-a profile forward pass at the largest batch, then to turn what is left into a number
-of KV-cache blocks. The default here works for any host-memory device: it budgets a
+a profile forward pass at the largest batch (unless the profiler says its budget does
+not need one: :attr:`MemoryProfiler.needs_profile_run`), then to turn what is left into
+a number of KV-cache blocks. The default here works for any host-memory device: it budgets a
 fixed number of bytes (``kv_cache_bytes`` of the engine config, else a quarter of
 the available host memory, at most 4 GiB). Accelerators override
 :meth:`MemoryProfiler.kv_cache_budget` with their own accounting.
@@ -42,6 +43,14 @@ class KVCachePlan:
 
 class MemoryProfiler:
     """Reports device memory and sizes the KV cache. Override for device memory APIs."""
+
+    #: Whether the KV budget needs the activation peak of a profile forward pass at the
+    #: largest batch: the engine runs that pass (through :meth:`measure_peak`) only when
+    #: True, and passes a peak of 0 otherwise. A host-memory profiler whose budget is a
+    #: fixed size or a share of free memory that leaves room for the activations may say
+    #: False: on a CPU that pass is the longest part of start-up (~8 s for 2048 tokens of
+    #: a 135M model on 2 cores).
+    needs_profile_run: bool = True
 
     def __init__(self, platform: Any) -> None:
         self.platform = platform

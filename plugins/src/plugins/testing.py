@@ -252,6 +252,7 @@ class PlatformConformance:
         total, free = mem.total_memory(), mem.free_memory()
         assert total > 0 and 0 <= free <= total, f"total={total} free={free}"
         assert mem.measure_peak(lambda: None) >= 0
+        assert isinstance(mem.needs_profile_run, bool), "MemoryProfiler.needs_profile_run must be a bool"
 
         class Config:
             kv_cache_bytes = 64 << 20
