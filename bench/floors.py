@@ -29,7 +29,7 @@ def memory_bandwidth(threads: int, mib: int = 512, repeats: int = 10) -> float:
     return 2 * src.numel() * 4 / _best_time(lambda: dst.copy_(src), repeats)
 
 
-def matmul_rate(threads: int, n: int = 1024, repeats: int = 10) -> float:
+def matmul_rate(threads: int, n: int = 1024, repeats: int = 30) -> float:
     """FLOP/s of an ``n`` x ``n`` float32 matmul (2 n^3 FLOPs), best of ``repeats``."""
     import torch
 

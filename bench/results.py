@@ -141,7 +141,9 @@ def render_markdown(d: dict) -> str:
         f"the same shape (`-npp {setup.get('prompt_len')} -ntg {setup.get('gen_len')} -npl {n}`), figure = "
         "npl * ntg / its total time T.",
         "Bandwidth floor: weights bytes / measured copy bandwidth (a decode step streams every weight once). "
-        "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate.",
+        "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate. Both limits are "
+        "measured at the start and at the end of the invocation and the higher reading kept (this machine's speed "
+        "drifts over minutes; a slow spell would flatter every ratio to a limit).",
         f"`core serve`: a fresh server, {n} concurrent streaming `/v1/completions` requests, output tokens / wall time.",
     ]
     return "\n\n".join([
