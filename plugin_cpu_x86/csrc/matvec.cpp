@@ -11,7 +11,6 @@
 
 namespace CX86_NS {
 
-static constexpr int imin_c(int a, int b) { return a < b ? a : b; }
 static const int kRows = 8;    // activation rows sharing one decode of a weight block
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
@@ -162,14 +161,11 @@ static inline void panel_tile(const float *wp, long k, const float *x, long xs, 
 
 template <int RW>
 static inline void panel_rows(const float *wp, long k, const float *x, long xs, long tx, float *sums) {
-  static_assert(kPanelX <= 6, "panel_rows dispatches up to 6 activation rows");
-  switch (tx) {
+  switch (tx) {  // tx <= kPanelX = 4
     case 1: panel_tile<1, RW>(wp, k, x, xs, sums); break;
     case 2: panel_tile<2, RW>(wp, k, x, xs, sums); break;
-    case 3: panel_tile<imin_c(3, kPanelX), RW>(wp, k, x, xs, sums); break;
-    case 4: panel_tile<imin_c(4, kPanelX), RW>(wp, k, x, xs, sums); break;
-    case 5: panel_tile<imin_c(5, kPanelX), RW>(wp, k, x, xs, sums); break;
-    default: panel_tile<kPanelX, RW>(wp, k, x, xs, sums); break;
+    case 3: panel_tile<3, RW>(wp, k, x, xs, sums); break;
+    default: panel_tile<4, RW>(wp, k, x, xs, sums); break;
   }
 }
 
@@ -212,12 +208,11 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
         }
         for (long t0 = x0; t0 < x1; t0 += kPanelX) {
           const long tx = x1 - t0 < kPanelX ? x1 - t0 : kPanelX;
-          float sums[24];
-          switch (rw) {
+          float sums[16];
+          switch (rw) {  // rw <= kPanelW = 3
             case 1: panel_rows<1>(panel, k, x + t0 * xs, xs, tx, sums); break;
-            case 2: panel_rows<imin_c(2, kPanelW)>(panel, k, x + t0 * xs, xs, tx, sums); break;
-            case 3: panel_rows<imin_c(3, kPanelW)>(panel, k, x + t0 * xs, xs, tx, sums); break;
-            default: panel_rows<kPanelW>(panel, k, x + t0 * xs, xs, tx, sums); break;
+            case 2: panel_rows<2>(panel, k, x + t0 * xs, xs, tx, sums); break;
+            default: panel_rows<3>(panel, k, x + t0 * xs, xs, tx, sums); break;
           }
           for (long t = 0; t < tx; ++t)
             for (long r = 0; r < rw; ++r)
