@@ -68,11 +68,13 @@ class Sampler:
                 f"logits must be [N, V] with N = len(states) = {len(states)}, got shape {tuple(logits.shape)}"
             )
         raw = logits.float()
-        processed = raw.clone()
-        apply_logit_bias(processed, states)
-        apply_min_tokens(processed, states)
-        if any(s.params.has_penalties for s in states):
-            apply_penalties_from_states(processed, states)
+        processed = raw
+        if any(_edits_logits(s) for s in states):  # a copy only then: [N, V] is MBs a step
+            processed = raw.clone()
+            apply_logit_bias(processed, states)
+            apply_min_tokens(processed, states)
+            if any(s.params.has_penalties for s in states):
+                apply_penalties_from_states(processed, states)
 
         sampled = processed.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
@@ -94,6 +96,12 @@ class Sampler:
             for i, (logprob, rank, top) in zip(logprob_rows, gathered, strict=True):
                 out.logprobs[i], out.ranks[i], out.top_logprobs[i] = logprob, rank, top
         return out
+
+
+def _edits_logits(state: SamplingState) -> bool:
+    """Whether the row's logits change before sampling (logit bias, min tokens, penalties)."""
+    p = state.params
+    return bool(p.logit_bias) or len(state.output_token_ids) < p.min_tokens or p.has_penalties
 
 
 def _sample_random(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
