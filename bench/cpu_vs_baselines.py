@@ -49,15 +49,14 @@ def part_floors(a: argparse.Namespace) -> dict:
 
 def best_floors(start: dict, end: dict) -> dict:
     """The floors part measured at the start and at the end of the invocation: the higher
-    bandwidth and matmul rate of the two, with the limits derived from them."""
-    out = dict(start)
-    bw = max(start["bandwidth_gb_s"], end["bandwidth_gb_s"])
-    rate = max(start["matmul_gflop_s"], end["matmul_gflop_s"])
-    for key in ("decode_floor_gguf", "decode_floor_fp32"):
-        out[key] = start[key] * bw / start["bandwidth_gb_s"]
-    out["compute_ceiling_tok_s"] = start["compute_ceiling_tok_s"] * rate / start["matmul_gflop_s"]
-    out["bandwidth_gb_s"], out["matmul_gflop_s"] = bw, rate
-    return out
+    bandwidth and matmul rate of the two, each with the limits that run derived from it."""
+    fast_memory = max(start, end, key=lambda f: f["bandwidth_gb_s"])
+    fast_matmul = max(start, end, key=lambda f: f["matmul_gflop_s"])
+    return {
+        **start,
+        **{key: fast_memory[key] for key in ("bandwidth_gb_s", "decode_floor_gguf", "decode_floor_fp32")},
+        **{key: fast_matmul[key] for key in ("matmul_gflop_s", "compute_ceiling_tok_s")},
+    }
 
 
 def part_llamacpp(a: argparse.Namespace) -> dict:

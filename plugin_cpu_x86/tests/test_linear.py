@@ -108,7 +108,7 @@ def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
      (torch.float32, 130, True), (torch.bfloat16, 3, True), (torch.bfloat16, 9, False)],
 )  # fmt: skip
 def test_float32_weight_linear(kernels, gen, dtype, tokens, with_bias):
-    """Plain float32 weights: the native kernel for decode-size batches, torch above; same product."""
+    """Plain float32 weights: the native kernel at every batch size (row dots, then panels); same product."""
     w = torch.randn(160, 96, generator=gen)
     bias = torch.randn(160, generator=gen) if with_bias else None
     x = torch.randn(tokens, 96, generator=gen).to(dtype)

@@ -28,6 +28,16 @@ _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
 
+def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
+    """The kernels' ``(bias pointer, dtype code)`` arguments: ``(None, DTYPE_F32)`` for no
+    bias; None if the bias is not a contiguous float32/bfloat16 tensor they can read."""
+    if bias is None:
+        return None, DTYPE_F32
+    if bias.dtype in NATIVE_DTYPES and bias.is_contiguous():
+        return bias.data_ptr(), NATIVE_DTYPES[bias.dtype]
+    return None
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
@@ -109,18 +119,14 @@ class QuantLinearMixin:
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
             return self._quantized_linear(x, weight, bias)
-        dt = NATIVE_DTYPES.get(x.dtype)
+        dt, bias_arg = NATIVE_DTYPES.get(x.dtype), native_bias(bias)
         if weight.dtype is torch.float32 and dt is not None and x.dim() == 2 and x.is_contiguous():
             rows, k = x.shape
             n = weight.shape[0]
-            if (
-                k % 32 == 0 and weight.shape[1] == k and weight.is_contiguous()
-                and (bias is None or (bias.dtype in NATIVE_DTYPES and bias.is_contiguous()))
-            ):  # fmt: skip
+            if k % 32 == 0 and weight.shape[1] == k and weight.is_contiguous() and bias_arg is not None:
                 out = x.new_empty((rows, n))
-                bias_ptr, bias_dt = (None, DTYPE_F32) if bias is None else (bias.data_ptr(), NATIVE_DTYPES[bias.dtype])
                 self._native_linear(F32W, weight.data_ptr(), 0, n, k, dt, x.data_ptr(), k, rows, out.data_ptr(),
-                                  bias_ptr, bias_dt)  # fmt: skip
+                                    *bias_arg)  # fmt: skip
                 return out
         # torch's GEMM on all compute threads (the engine thread keeps torch at one otherwise)
         prev = torch.get_num_threads()
@@ -152,14 +158,11 @@ class QuantLinearMixin:
         x2 = x.reshape(-1, k)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        bdt = DTYPE_F32
-        if bias is not None:
-            bias = bias if bias.dtype in NATIVE_DTYPES and bias.is_contiguous() else bias.float().contiguous()
-            bdt = NATIVE_DTYPES[bias.dtype]
+        if native_bias(bias) is None:
+            bias = bias.float().contiguous()
         out = x.new_empty((*x.shape[:-1], n))
-        bias_ptr = None if bias is None else bias.data_ptr()
         self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
-                            out.data_ptr(), bias_ptr, bdt)  # fmt: skip
+                            out.data_ptr(), *native_bias(bias))  # fmt: skip
         return out
 
     def _native_linear(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,

@@ -21,8 +21,8 @@ import torch
 from plugins.runner import ModelInputs, Runner
 
 from plugin_cpu_x86.linear import NATIVE_DTYPES as _DTYPES
-from plugin_cpu_x86.linear import QuantizedWeight
-from plugin_cpu_x86.native import DTYPE_F32, F32W
+from plugin_cpu_x86.linear import QuantizedWeight, native_bias
+from plugin_cpu_x86.native import F32W
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +83,11 @@ def _linear(module: Any, kernels: Any, what: str) -> _Linear:
         ptr, (n, k) = _dense(w, torch.float32, f"{what} weight"), w.shape
         code, scales = F32W, 0
     _need(k % 32 == 0, f"{what} has {k} input features, not a multiple of 32")
-    bias_ptr, bias_dt = None, DTYPE_F32
-    if bias is not None:
-        _need(bias.dtype in _DTYPES and bias.is_contiguous(), f"{what} bias is not contiguous float32/bfloat16")
-        bias_ptr, bias_dt = bias.data_ptr(), _DTYPES[bias.dtype]
-    int8_act = bool(kernels.quantize_activations) and code != F32W
-    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(int8_act))
+    bias_arg = native_bias(bias)
+    _need(bias_arg is not None, f"{what} bias is not contiguous float32/bfloat16")
+    bias_ptr, bias_dt = bias_arg
+    # int8 activations where the native linear takes them (never with float32 weights)
+    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(kernels.quantize_activations))
 
 
 class FusedDecoder:
