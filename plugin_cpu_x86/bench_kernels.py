@@ -51,10 +51,10 @@ def bench_linear(kern, tokens: int) -> None:
         line += f" fp32 torch {t * 1e6:8.1f} {n * k * 4 / t / 1e9:6.1f} {2 * tokens * n * k / t / 1e9:6.1f} |"
         for qtype in ("Q4_1", "Q8_0"):
             data = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[qtype]))
-            prepared = kern.prepare_linear(GGUFWeight(qtype, data, n, k), "gguf")
             x = torch.randn(tokens, k)
             for int8_act in (False, True):  # default float32 activations, then CPU_QUANT_ACTIVATIONS
-                kern.quantize_activations = int8_act
+                kern.quantize_activations = int8_act  # (decides the weight layout at prepare)
+                prepared = kern.prepare_linear(GGUFWeight(qtype, data, n, k), "gguf")
                 t = timeit(lambda p=prepared, x=x: kern.linear(x, p))
                 name = qtype + ("/i8" if int8_act else "")
                 line += f" {name} {t * 1e6:8.1f} {data.numel() / t / 1e9:6.1f} {2 * tokens * n * k / t / 1e9:6.1f} |"

@@ -13,8 +13,7 @@ struct CX86Linear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
   const float *scales;  // per-row scales of CX86_INT8, else NULL
   const void *bias;     // NULL if none
   long n, k;
-  int qt, bias_dtype;
-  int int8_act;  // int8 activations where quant.cpp's kernel takes them (CPU_QUANT_ACTIVATIONS)
+  int qt, bias_dtype;  // an x8 format takes int8 activations (quant.cpp)
 };
 
 struct CX86Layer {
@@ -45,7 +44,7 @@ namespace CX86_NS {
 
 static int linear(const CX86Linear &l, int dtype, const void *x, long rows, void *out, int nt) {
   return CX86_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
-                         l.bias_dtype, l.int8_act, nt);
+                         l.bias_dtype, nt);
 }
 
 }  // namespace CX86_NS

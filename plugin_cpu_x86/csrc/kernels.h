@@ -22,13 +22,10 @@ void CX86_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride
                               const int32_t *seq_lens, const int32_t *tables, long table_stride,
                               long tokens, long num_seqs, long hq, long hk, long d,
                               long block_size, float scale, int nthreads);
-int CX86_FN(quant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
-                          int dtype, const void *x, long x_stride, long rows, void *out,
-                          const void *bias, int bias_dtype, int nthreads);
 int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads);
 int CX86_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
-                    int bias_dtype, int int8_act, int nthreads);
+                    int bias_dtype, int nthreads);
 }

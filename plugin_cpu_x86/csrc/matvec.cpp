@@ -202,10 +202,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
             for (int q = 0; q < 4; ++q) _mm256_store_ps(wp + r * k + b * kBlock + 8 * q, v[q]);
           }
         float scale[kPanelW], bj[kPanelW];
-        for (long r = 0; r < rw; ++r) {
-          scale[r] = row_scale ? row_scale[j + r] : 1.0f;
-          bj[r] = bias ? load_any(bias, bias_dt, j + r) : 0.0f;
-        }
+        row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
         for (long t0 = x0; t0 < x1; t0 += kPanelX) {
           const long tx = x1 - t0 < kPanelX ? x1 - t0 : kPanelX;
           float sums[16];

@@ -3,8 +3,9 @@
 Both native paths, the small-batch kernel (weights dequantized in registers, float32
 activations) and the large-batch one (dequantized tiles + GEMM), must match the
 float32 product with the dequantized weights to float32 rounding. The optional
-int8-activation kernel (CPU_QUANT_ACTIVATIONS) is checked against a torch emulation
-of its activation rounding, and loosely against the float32 product.
+int8-activation kernel (CPU_QUANT_ACTIVATIONS, weights repacked in groups of 8 rows) is
+checked against a torch emulation of its activation rounding, and loosely against the
+float32 product.
 """
 
 from __future__ import annotations
@@ -152,22 +153,29 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
 
 
 @pytest.mark.parametrize("qtype", [*QTYPES, "int8"])
-def test_int8_activation_kernel(kernels, gen, qtype):
-    """CPU_QUANT_ACTIVATIONS: int8-rounded activations for 1 and 5 rows, float32 ones for 20."""
-    w = torch.randn(96, 576, generator=gen)
+@pytest.mark.parametrize("out_features", [96, 101])  # whole groups of 8 rows, and a part group
+def test_int8_activation_kernel(kernels, gen, qtype, out_features):
+    """CPU_QUANT_ACTIVATIONS: weights repacked in groups of 8 rows, int8-rounded activations
+    at every batch size (tiles of 4 rows and their tails, a second block of 64 rows)."""
+    w = torch.randn(out_features, 576, generator=gen)
+    kernels.quantize_activations = True
     if qtype == "int8":
         prepared = kernels.prepare_linear(w, "int8")
+        assert prepared.scales.shape == (-(-out_features // 8) * 8,)
     else:
-        prepared = kernels.prepare_linear(gguf_weight(qtype, w.numpy()), "gguf")
+        stored = gguf_weight(qtype, w.numpy())
+        prepared = kernels.prepare_linear(stored, "gguf")
+        assert torch.equal(prepared.rows(), stored.data), "the x8 layout does not unpack to the stored rows"
+    assert prepared.interleaved and prepared.data.shape[0] == -(-out_features // 8)
     w_deq = prepared.dequantize()
-    kernels.quantize_activations = True
-    for tokens in (1, 5):
+    assert w_deq.shape == (out_features, 576)
+    for tokens in (1, 5, 20, 70):
         x = torch.randn(tokens, 576, generator=gen) * 2
         check_int8_activations(kernels.linear(x, prepared), x, w_deq, f"{qtype} x{tokens}")
-        bias = torch.randn(96, generator=gen)
+        bias = torch.randn(out_features, generator=gen)
         check_int8_activations(kernels.linear(x, prepared, bias) - bias, x, w_deq, f"{qtype} x{tokens} bias")
-    x = torch.randn(20, 576, generator=gen)  # over 16 rows the float32-activation kernel runs
-    check(kernels.linear(x, prepared), x, w_deq, None, f"{qtype} x20, float32 activations")
+    x = torch.randn(3, 576, generator=gen).to(torch.bfloat16)
+    check_int8_activations(kernels.linear(x, prepared).float(), x.float(), w_deq, f"{qtype} bf16")
 
 
 def test_other_gguf_types_are_dequantized_at_load(kernels, gen):

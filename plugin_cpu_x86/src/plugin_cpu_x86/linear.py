@@ -1,10 +1,11 @@
 """Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1).
 
-Every batch size runs the native kernel on the weights as stored: it dequantizes weight
-blocks in registers (a few rows) or in L1 panels (more rows) and multiplies them into the
-float32 activations, so the result is the float32 product with the dequantized weights
-(csrc/matvec.cpp); with ``CPU_QUANT_ACTIVATIONS`` batches of up to 16 rows round the
-activations to int8 instead, as llama.cpp does (csrc/quant.cpp: faster, not exact).
+By default every batch size runs the native kernel on the weights as stored: it
+dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
+multiplies them into the float32 activations, so the result is the float32 product with
+the dequantized weights (csrc/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
+repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
+activations to int8 per block of 32, as llama.cpp does (csrc/quant.cpp: faster, not exact).
 Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
 ``gguf.quants.dequantize``.
 """
@@ -19,11 +20,14 @@ import torch.nn.functional as F
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0
+from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
 
 #: GGUF types kept in their blocks, with their native format code
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
+#: bytes of a row's block that are scales (float16 d, and m for Q4_1), before its values
+_SCALE_BYTES = {Q8_0: 2, Q4_0: 2, Q4_1: 4, INT8: 0}
+GROUP = 8  # rows interleaved by interleave_x8
 #: torch dtypes the native kernels take, with their dtype codes (shared by kernels.py and runner.py)
 NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
@@ -38,12 +42,46 @@ def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
     return None
 
 
+def interleave_x8(rows: torch.Tensor, code: int) -> torch.Tensor:
+    """Repack ``[n, nb * block]`` bytes of format ``code`` into csrc/quant.cpp's x8 layout.
+
+    Rows go in groups of 8 (the last padded with zero rows); in each group and block of 32
+    columns, first the 8 rows' scales side by side (all d, then all m), then the values 4
+    bytes of a row at a time: chunk 0 of rows 0..7, chunk 1 of rows 0..7, ... The result is
+    ``[ceil(n / 8), nb * 8 * block]`` bytes.
+    """
+    n, width = rows.shape
+    block, sb = _BLOCK_BYTES[code], _SCALE_BYTES[code]
+    nb, groups = width // block, -(-n // GROUP)
+    padded = torch.zeros(groups * GROUP, width, dtype=torch.uint8)
+    padded[:n] = rows.view(torch.uint8)
+    blocks = padded.view(groups, GROUP, nb, block)
+    scales = blocks[..., :sb].reshape(groups, GROUP, nb, sb // 2, 2).permute(0, 2, 3, 1, 4)
+    values = blocks[..., sb:].reshape(groups, GROUP, nb, (block - sb) // 4, 4).permute(0, 2, 3, 1, 4)
+    packed = torch.cat([scales.reshape(groups, nb, GROUP * sb), values.reshape(groups, nb, GROUP * (block - sb))], 2)
+    return packed.reshape(groups, -1).contiguous()
+
+
+def deinterleave_x8(packed: torch.Tensor, code: int, n: int) -> torch.Tensor:
+    """The ``[n, nb * block]`` rows that :func:`interleave_x8` packed."""
+    groups = packed.shape[0]
+    block, sb = _BLOCK_BYTES[code], _SCALE_BYTES[code]
+    nb = packed.shape[1] // (GROUP * block)
+    parts = packed.view(groups, nb, GROUP * block)
+    scales = parts[..., : GROUP * sb].reshape(groups, nb, sb // 2, GROUP, 2).permute(0, 3, 1, 2, 4)
+    values = parts[..., GROUP * sb :].reshape(groups, nb, (block - sb) // 4, GROUP, 4).permute(0, 3, 1, 2, 4)
+    blocks = torch.cat([scales.reshape(groups, GROUP, nb, sb), values.reshape(groups, GROUP, nb, block - sb)], 3)
+    return blocks.reshape(groups * GROUP, nb * block)[:n].contiguous()
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
 
     ``data`` holds ``out_features`` rows in format ``fmt`` (``"int8"``, ``"Q8_0"``,
-    ``"Q4_0"``, ``"Q4_1"``); ``scales`` the per-row float32 scales of ``"int8"``.
+    ``"Q4_0"``, ``"Q4_1"``), as stored (``code``: the format's code) or repacked by
+    :func:`interleave_x8` (``code``: the format's code + ``X8``); ``scales`` the per-row
+    float32 scales of ``"int8"`` (padded with zeros to whole groups of 8 when repacked).
     """
 
     fmt: str
@@ -60,14 +98,36 @@ class QuantizedWeight:
         object.__setattr__(self, "data_ptr", self.data.data_ptr())
         object.__setattr__(self, "scales_ptr", 0 if self.scales is None else self.scales.data_ptr())
 
+    @property
+    def interleaved(self) -> bool:
+        """Whether ``data`` is in the x8 layout (the int8-activation kernel's)."""
+        return self.code >= X8
+
+    def rows(self) -> torch.Tensor:
+        """``data`` as stored, one row of blocks per output feature."""
+        if not self.interleaved:
+            return self.data
+        return deinterleave_x8(self.data, self.code - X8, self.out_features)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
-        if self.code == INT8:
-            return self.data.float() * self.scales[:, None]
+        if self.code % X8 == INT8:
+            return self.rows().view(torch.int8).float() * self.scales[: self.out_features, None]
         import gguf
 
         kind = gguf.GGMLQuantizationType[self.fmt]
-        return torch.from_numpy(gguf.quants.dequantize(self.data.numpy(), kind)).float()
+        return torch.from_numpy(gguf.quants.dequantize(self.rows().numpy(), kind)).float()
+
+    def to_x8(self) -> QuantizedWeight:
+        """The same weight repacked for the int8-activation kernel."""
+        scales = self.scales
+        if scales is not None:
+            scales = torch.zeros(-(-self.out_features // GROUP) * GROUP)
+            scales[: self.out_features] = self.scales
+        data = interleave_x8(self.data, self.code)
+        if self.code == INT8:
+            data = data.view(torch.int8)
+        return QuantizedWeight(self.fmt, self.code + X8, data, scales, self.out_features, self.in_features)
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
@@ -106,10 +166,11 @@ class QuantLinearMixin:
     supported_quantizations = frozenset({"int8", "gguf"})
 
     def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
-        if isinstance(weight, GGUFWeight):
-            return gguf_weight(weight)
-        if quantization == "int8":
-            return quantize_int8(weight)
+        if isinstance(weight, GGUFWeight) or quantization == "int8":
+            prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
+            if isinstance(prepared, QuantizedWeight) and self.quantize_activations:
+                return prepared.to_x8()
+            return prepared
         if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
             return weight
         raise UnsupportedFeature(
@@ -167,14 +228,11 @@ class QuantLinearMixin:
 
     def _native_linear(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,
                        x_stride: int, rows: int, out_ptr: int, bias_ptr: int | None, bias_dt: int) -> None:  # fmt: skip
-        """The native kernel on ``n`` weight rows in format ``code`` (scales: 0 if none).
-
-        float32 activations, or int8 ones for small batches with CPU_QUANT_ACTIVATIONS
-        (float32 weights always take float32 activations).
-        """
+        """The native kernel on ``n`` weight rows in format ``code`` (scales: 0 if none):
+        int8 activations for the x8 formats, float32 ones for the others."""
         status = self.lib.linear(
             code, w_ptr, scales_ptr or None, n, k, dt, x_ptr, x_stride, rows, out_ptr, bias_ptr, bias_dt,
-            int(self.quantize_activations), self.num_threads,
+            self.num_threads,
         )  # fmt: skip
         if status:
             raise MemoryError(f"the native linear kernel could not allocate its buffers ({rows}x{k} activations)")

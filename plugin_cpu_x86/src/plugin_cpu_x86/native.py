@@ -34,6 +34,8 @@ ISA_CHOICES = {
 }
 DTYPE_F32, DTYPE_BF16 = 0, 1
 Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
+#: a format repacked in groups of 8 rows (csrc/quant.cpp, int8 activations): its code + X8
+X8 = 8
 
 _P = c_void_p
 _SIGNATURES = {
@@ -72,9 +74,9 @@ _SIGNATURES = {
     ),  # fmt: skip
     "attention_max_head": (c_long, []),
     "attention_max_group": (c_long, []),
-    # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, int8_act, nthreads
-    # (csrc/quant.cpp: the int8- or float32-activation kernel that fits)
-    "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
+    # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
+    # (csrc/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
+    "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
     # decoder, step, nthreads (csrc/decode.cpp; structures in plugin_cpu_x86/runner.py)
     "decode": (c_int, [_P, _P, c_int]),
 }

@@ -81,8 +81,9 @@ class CpuX86Platform(plugins.Platform):
             "CPU_QUANT_ACTIVATIONS",
             bool,
             False,
-            "GGUF/int8 linears on batches of up to 16 rows round activations to int8 (faster decode kernel, "
-            "results no longer match the dequantized float32 product)",
+            "GGUF/int8 linears round activations to int8 per block of 32, as llama.cpp does, on weights "
+            "repacked in groups of 8 rows (~1.5x faster decode at batch 1, ~1.2x batched; results no longer "
+            "match the dequantized float32 product)",
         ),  # fmt: skip
         plugins.EnvVar(
             "CPU_FUSED_DECODE",

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class _Linear(Structure):
     _fields_ = [
         ("w", c_void_p), ("scales", c_void_p), ("bias", c_void_p), ("n", c_long), ("k", c_long),
-        ("qt", c_int), ("bias_dtype", c_int), ("int8_act", c_int),
+        ("qt", c_int), ("bias_dtype", c_int),
     ]  # fmt: skip
 
 
@@ -73,7 +73,7 @@ def _dense(t: Any, dtype: torch.dtype, what: str) -> int:
     return t.data_ptr()
 
 
-def _linear(module: Any, kernels: Any, what: str) -> _Linear:
+def _linear(module: Any, what: str) -> _Linear:
     """The native description of a prepared linear."""
     w, bias = module.weight, module.bias
     if isinstance(w, QuantizedWeight):
@@ -86,8 +86,7 @@ def _linear(module: Any, kernels: Any, what: str) -> _Linear:
     bias_arg = native_bias(bias)
     _need(bias_arg is not None, f"{what} bias is not contiguous float32/bfloat16")
     bias_ptr, bias_dt = bias_arg
-    # int8 activations where the native linear takes them (never with float32 weights)
-    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt, int(kernels.quantize_activations))
+    return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt)
 
 
 class FusedDecoder:
@@ -135,7 +134,7 @@ class FusedDecoder:
             for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
                                  ("down", mlp.down_proj)):  # fmt: skip
                 _need((module.in_features, module.out_features) == shapes[name], f"layer {i} {name} shape")
-                setattr(entry, name, _linear(module, kernels, f"layer {i} {name}"))
+                setattr(entry, name, _linear(module, f"layer {i} {name}"))
             entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
         _need(len(eps) == 1, "one RMSNorm epsilon")
