@@ -147,6 +147,21 @@ static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, 
   for (long b = 0; b < a.nb; ++b) group_block<QT, TT>(wg + b * gb, a, t0, k, b, acc, accm);
   for (int t = 0; t < TT; ++t) _mm256_storeu_ps(sums + t * kGroup, _mm256_add_ps(acc[t], accm[t]));
 }
+
+// sums[r] = row r < 16 of groups wg and wg + gbytes . activation row t0: the activation
+// bytes loaded once for both
+template <int QT>
+static inline void group_dot2(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
+  __m256 acc[2], accm[2];
+  acc[0] = accm[0] = acc[1] = accm[1] = _mm256_setzero_ps();
+  const long gb = kGroup * block_bytes(QT);
+  for (long b = 0; b < a.nb; ++b) {
+    group_block<QT, 1>(wg + b * gb, a, t0, k, b, acc, accm);
+    group_block<QT, 1>(wg + gbytes + b * gb, a, t0, k, b, acc + 1, accm + 1);
+  }
+  _mm256_storeu_ps(sums, _mm256_add_ps(acc[0], accm[0]));
+  _mm256_storeu_ps(sums + kGroup, _mm256_add_ps(acc[1], accm[1]));
+}
 #else
 // the quantized value of row r, element i of a group block p (x8 layout)
 template <int QT>
@@ -180,22 +195,34 @@ static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, 
 }
 #endif
 
+#if !defined(__AVX2__)
+template <int QT>  // (as above)
+static inline void group_dot2(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
+  group_dot<QT, 1>(wg, a, t0, k, sums);
+  group_dot<QT, 1>(wg + gbytes, a, t0, k, sums + kGroup);
+}
+#endif
+
 template <int QT, typename T>
 static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, long rows, long n,
                       long k, T *out, const void *bias, int bias_dt, int nthreads) {
   const long groups = (n + kGroup - 1) / kGroup, gbytes = a.nb * kGroup * block_bytes(QT);
-  parallel_for(groups, row_chunk(groups, nthreads), nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
+  const long chunk = (row_chunk(n, nthreads) + kGroup - 1) / kGroup;  // in groups
+  parallel_for(groups, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
     for (long x0 = 0; x0 < rows; x0 += kXBlock) {  // a block of x stays in L2 across the groups
       const long x1 = rows - x0 < kXBlock ? rows : x0 + kXBlock;
-      for (long g = lo; g < hi; ++g) {
+      for (long g = lo; g < hi;) {
+        // a single activation row (batch-1 decode): two whole groups at a time share its loads
+        const long ng = x1 - x0 == 1 && g + 2 <= hi && (g + 2) * kGroup <= n ? 2 : 1;
         const uint8_t *wg = w + g * gbytes;
-        const long j0 = g * kGroup, nr = n - j0 < kGroup ? n - j0 : kGroup;
-        float scale[kGroup], bj[kGroup];
+        const long j0 = g * kGroup, nr = n - j0 < ng * kGroup ? n - j0 : ng * kGroup;
+        float scale[2 * kGroup], bj[2 * kGroup];
         row_params(row_scale, bias, bias_dt, j0, nr, scale, bj);
         for (long t0 = x0; t0 < x1; t0 += kTile) {
           const long tt = x1 - t0 < kTile ? x1 - t0 : kTile;
-          float sums[kTile * kGroup];
-          switch (tt) {
+          float sums[kTile * kGroup];  // [t * 8 + r]; for two groups, row r < 16 of t = 0
+          switch (ng == 2 ? 0 : tt) {
+            case 0: group_dot2<QT>(wg, gbytes, a, t0, k, sums); break;
             case 1: group_dot<QT, 1>(wg, a, t0, k, sums); break;
             case 2: group_dot<QT, 2>(wg, a, t0, k, sums); break;
             case 3: group_dot<QT, 3>(wg, a, t0, k, sums); break;
@@ -205,6 +232,7 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
             for (long r = 0; r < nr; ++r)
               from_f32(sums[t * kGroup + r] * scale[r] + bj[r], &out[(t0 + t) * n + j0 + r]);
         }
+        g += ng;
       }
     }
   });
