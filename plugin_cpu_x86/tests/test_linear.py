@@ -153,10 +153,12 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
 
 
 @pytest.mark.parametrize("qtype", [*QTYPES, "int8"])
-@pytest.mark.parametrize("out_features", [96, 101])  # whole groups of 8 rows, and a part group
+# whole groups of 8 rows; a part group; enough rows to be split over the threads in chunks
+@pytest.mark.parametrize("out_features", [96, 101, 300])
 def test_int8_activation_kernel(kernels, gen, qtype, out_features):
     """CPU_QUANT_ACTIVATIONS: weights repacked in groups of 8 rows, int8-rounded activations
-    at every batch size (tiles of 4 rows and their tails, a second block of 64 rows)."""
+    at every batch size (one row: two groups at a time; tiles of 4 rows and their tails; a
+    second block of 64 rows)."""
     w = torch.randn(out_features, 576, generator=gen)
     kernels.quantize_activations = True
     if qtype == "int8":
