@@ -85,7 +85,7 @@ static inline __m256i dot4_add(__m256i s, __m256i u, __m256i s8) {
 template <int QT, int TT>
 __attribute__((always_inline)) static inline void group_block(const uint8_t *p, const QAct &a,
                                                               long t0, long k, long b,
-                                                              __m256 *acc, __m256 *accm) {
+                                                              __m256 *acc) {
   const uint8_t *q = p + scale_bytes<QT>();
   const int8_t *aq[TT];
   for (int t = 0; t < TT; ++t) aq[t] = a.q + (t0 + t) * k + b * kBlock;
@@ -110,6 +110,9 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
 #else
         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(lo, bcast4(aq[t] + 4 * c)));
         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(aq[t] + 16 + 4 * c)));
+        // keep the sum in its register: GCC otherwise computes every product of the block
+        // first and spills them all to the stack (12% slower at 32 rows on Zen 1)
+        __asm__("" : "+x"(s16[t]));
 #endif
       }
     }
@@ -121,8 +124,10 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
     for (int c = 0; c < 8; ++c) {
       const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
       const __m256i u = _mm256_sign_epi8(v, v);
-      for (int t = 0; t < TT; ++t)
+      for (int t = 0; t < TT; ++t) {
         s32[t] = dot4_add(s32[t], u, _mm256_sign_epi8(bcast4(aq[t] + 4 * c), v));
+        __asm__("" : "+x"(s32[t]));  // (as above)
+      }
     }
   }
   const __m256 d = QT == CX86_INT8 ? _mm256_set1_ps(1.0f)
@@ -134,33 +139,32 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
     const long ai = (t0 + t) * a.nb + b;
     const __m256 dot = _mm256_cvtepi32_ps(s32[t]);
     acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a.d[ai])), acc[t]);
-    if (is_q4<QT>()) accm[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), accm[t]);
+    if (is_q4<QT>()) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), acc[t]);
   }
 }
 
 // sums[t * 8 + r] = weight row r of group wg . activation row t0 + t, t < TT
 template <int QT, int TT>
 static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, float *sums) {
-  __m256 acc[TT], accm[TT];
-  for (int t = 0; t < TT; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  __m256 acc[TT];
+  for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
   const long gb = kGroup * block_bytes(QT);
-  for (long b = 0; b < a.nb; ++b) group_block<QT, TT>(wg + b * gb, a, t0, k, b, acc, accm);
-  for (int t = 0; t < TT; ++t) _mm256_storeu_ps(sums + t * kGroup, _mm256_add_ps(acc[t], accm[t]));
+  for (long b = 0; b < a.nb; ++b) group_block<QT, TT>(wg + b * gb, a, t0, k, b, acc);
+  for (int t = 0; t < TT; ++t) _mm256_storeu_ps(sums + t * kGroup, acc[t]);
 }
 
 // sums[r] = row r < 16 of groups wg and wg + gbytes . activation row t0: the activation
 // bytes loaded once for both
 template <int QT>
 static inline void group_dot2(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
-  __m256 acc[2], accm[2];
-  acc[0] = accm[0] = acc[1] = accm[1] = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const long gb = kGroup * block_bytes(QT);
   for (long b = 0; b < a.nb; ++b) {
-    group_block<QT, 1>(wg + b * gb, a, t0, k, b, acc, accm);
-    group_block<QT, 1>(wg + gbytes + b * gb, a, t0, k, b, acc + 1, accm + 1);
+    group_block<QT, 1>(wg + b * gb, a, t0, k, b, acc);
+    group_block<QT, 1>(wg + gbytes + b * gb, a, t0, k, b, acc + 1);
   }
-  _mm256_storeu_ps(sums, _mm256_add_ps(acc[0], accm[0]));
-  _mm256_storeu_ps(sums + kGroup, _mm256_add_ps(acc[1], accm[1]));
+  _mm256_storeu_ps(sums, acc[0]);
+  _mm256_storeu_ps(sums + kGroup, acc[1]);
 }
 #else
 // the quantized value of row r, element i of a group block p (x8 layout)
