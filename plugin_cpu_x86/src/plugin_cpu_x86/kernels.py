@@ -14,8 +14,7 @@ import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
 
-from plugin_cpu_x86.linear import NATIVE_DTYPES as _DTYPES
-from plugin_cpu_x86.linear import QuantLinearMixin
+from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugin_cpu_x86.native import NativeLib
 
 
@@ -62,7 +61,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         return self.lib.isa
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        dt, wdt, rows = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype), _rows(x)
+        dt, wdt, rows = NATIVE_DTYPES.get(x.dtype), NATIVE_DTYPES.get(weight.dtype), _rows(x)
         if dt is None or wdt is None or rows is None or not weight.is_contiguous():
             return super().rms_norm(x, weight, eps)
         num_rows, n, stride = rows
@@ -76,7 +75,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
     def fused_add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        dt, wdt = _DTYPES.get(x.dtype), _DTYPES.get(weight.dtype)
+        dt, wdt = NATIVE_DTYPES.get(x.dtype), NATIVE_DTYPES.get(weight.dtype)
         xr, rr = _rows(x), _rows(residual)
         if (
             dt is None or wdt is None or xr is None or rr is None or residual.dtype is not x.dtype
@@ -95,7 +94,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
     def rotary_embedding(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        dt, cdt = _DTYPES.get(q.dtype), _DTYPES.get(cos_sin_cache.dtype)
+        dt, cdt = NATIVE_DTYPES.get(q.dtype), NATIVE_DTYPES.get(cos_sin_cache.dtype)
         d = q.shape[-1]
         if (
             dt is None or cdt is None or k.dtype != q.dtype or not _heads_view(q) or not _heads_view(k)
@@ -116,7 +115,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         return q_out, k_out
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        dt, rows = _DTYPES.get(x.dtype), _rows(x)
+        dt, rows = NATIVE_DTYPES.get(x.dtype), _rows(x)
         if dt is None or rows is None or rows[1] % 2:
             return super().silu_and_mul(x)
         num_rows, n, stride = rows
@@ -156,7 +155,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        dt = _DTYPES.get(q.dtype)
+        dt = NATIVE_DTYPES.get(q.dtype)
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]
         tables = meta.block_tables

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from plugins.runner import ModelInputs, Runner
 
-from plugin_cpu_x86.linear import NATIVE_DTYPES as _DTYPES
-from plugin_cpu_x86.linear import QuantizedWeight, native_bias
+from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
 from plugin_cpu_x86.native import F32W
 
 logger = logging.getLogger(__name__)
@@ -105,15 +104,15 @@ class FusedDecoder:
             f"{type(model).__name__} is not a Llama-family decoder",
         )  # fmt: skip
         dtype = model.dtype
-        _need(dtype in _DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
+        _need(dtype in NATIVE_DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
         _need(len(kv_caches) == len(layers), "one KV cache per layer")
         attn0, norm_w = layers[0].self_attn, model.norm.weight
         heads, kv_heads, d = attn0.num_heads, attn0.num_kv_heads, attn0.head_size
         _need(heads % kv_heads == 0 and heads // kv_heads <= kernels.lib.max_group, "query heads per KV head")
         _need(d <= kernels.lib.max_head and d % 2 == 0, f"head size {d}")
-        _need(norm_w.dtype in _DTYPES, "RMSNorm weights are not float32/bfloat16")
+        _need(norm_w.dtype in NATIVE_DTYPES, "RMSNorm weights are not float32/bfloat16")
         cos_sin = model.cos_sin_cache
-        _need(cos_sin.dtype in _DTYPES and cos_sin.shape[-1] == d, "rotary cache")
+        _need(cos_sin.dtype in NATIVE_DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = kv_caches[0][0]
         hidden, inter = model.embed_tokens.shape[1], layers[0].mlp.down_proj.in_features
         q_size, kv_size = heads * d, kv_heads * d
@@ -142,7 +141,7 @@ class FusedDecoder:
             self._layers, len(layers), hidden, heads, kv_heads, d, inter, model.embed_tokens.shape[0],
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(model.embed_tokens, dtype, "embedding"),
             _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"), eps.pop(),
-            attn0.scale, _DTYPES[dtype], _DTYPES[norm_w.dtype], _DTYPES[cos_sin.dtype],
+            attn0.scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype], NATIVE_DTYPES[cos_sin.dtype],
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
