@@ -180,6 +180,15 @@ def test_int8_activation_kernel(kernels, gen, qtype, out_features):
     check_int8_activations(kernels.linear(x, prepared).float(), x.float(), w_deq, f"{qtype} bf16")
 
 
+def test_int8_activations_leave_odd_widths_unpacked(kernels, gen):
+    """int8 weights 40 columns wide (not whole blocks of 32) stay row by row and run dequantized."""
+    kernels.quantize_activations = True
+    w, x = torch.randn(24, 40, generator=gen), torch.randn(3, 40, generator=gen)
+    prepared = kernels.prepare_linear(w, "int8")
+    assert not prepared.interleaved
+    check(kernels.linear(x, prepared), x, prepared.dequantize(), None, "int8 40 columns")
+
+
 def test_other_gguf_types_are_dequantized_at_load(kernels, gen):
     w = torch.randn(8, 64, generator=gen).numpy()
     prepared = kernels.prepare_linear(gguf_weight("Q5_0", w), "gguf")

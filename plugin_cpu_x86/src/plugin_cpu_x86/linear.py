@@ -168,7 +168,8 @@ class QuantLinearMixin:
     def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
         if isinstance(weight, GGUFWeight) or quantization == "int8":
             prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
-            if isinstance(prepared, QuantizedWeight) and self.quantize_activations:
+            # the x8 kernel takes whole blocks of 32 columns (other widths: linear() dequantizes)
+            if isinstance(prepared, QuantizedWeight) and self.quantize_activations and prepared.in_features % 32 == 0:
                 return prepared.to_x8()
             return prepared
         if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
