@@ -131,7 +131,14 @@ class CpuX86Platform(plugins.Platform):
         from plugin_cpu_x86.kernels import CpuX86Kernels
 
         kernels = CpuX86Kernels(self.env["CPU_KERNEL_ISA"], quantize_activations=self.env["CPU_QUANT_ACTIVATIONS"])
-        logger.info("cpu_x86 kernels: %s path (CPU_KERNEL_ISA=%s)", kernels.isa, self.env["CPU_KERNEL_ISA"])
+        logger.info(
+            "cpu_x86 kernels: %s path (CPU_KERNEL_ISA=%s); GGUF/int8 linears on %s",
+            kernels.isa,
+            self.env["CPU_KERNEL_ISA"],
+            "int8 activations (CPU_QUANT_ACTIVATIONS=1)"
+            if kernels.quantize_activations
+            else "float32 activations (exact; CORE_CPU_QUANT_ACTIVATIONS=1: int8 ones, as llama.cpp, ~2x decode)",
+        )
         return kernels
 
     def make_runner(self):
