@@ -59,7 +59,7 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
   });
 }
 
-// bytes of a block's scales in the x8 layout (d, and m for Q4_1), and chunks of 4 values
+// bytes of a group block's scales in the x8 layout: 8 f16 d, and 8 f16 m for Q4_1
 template <int QT>
 static constexpr int scale_bytes() { return QT == CX86_INT8 ? 0 : QT == CX86_Q4_1 ? 32 : 16; }
 template <int QT>
@@ -91,7 +91,8 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
   for (int t = 0; t < TT; ++t) aq[t] = a.q + (t0 + t) * k + b * kBlock;
   __m256i s32[TT];
   if (is_q4<QT>()) {
-    // 8 products of u4 x s8 per 16-bit lane pair stay below 2^15: sum in 16 bits, widen once
+    // a 16-bit lane sums 8 vpmaddubsw results of at most 2 * 15 * 127: below 2^15, so the
+    // block is summed in 16 bits and widened once
     const __m256i mask = _mm256_set1_epi8(0x0f);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     for (int t = 0; t < TT; ++t) s32[t] = _mm256_setzero_si256();
