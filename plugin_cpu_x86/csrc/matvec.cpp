@@ -58,10 +58,13 @@ static inline void decode_block(const uint8_t *p, __m256 w[4]) {
   }
 }
 
-// sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT
+// sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT.
+// Independent FMA chains per activation row: 4 for one row, 2 for two, then one each (the
+// rows are the chains): GCC 12's code for 4 rows x 2 chains ran 1.8x slower than for 3 or 5
+// rows x 1 (Zen 1, decode-step shapes).
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
-  const int A = TT == 1 ? 4 : TT <= 4 ? 2 : 1;  // independent FMA chains per activation row (16 registers)
+  const int A = TT == 1 ? 4 : TT == 2 ? 2 : 1;
   __m256 acc[TT][A];
   for (int t = 0; t < TT; ++t)
     for (int a = 0; a < A; ++a) acc[t][a] = _mm256_setzero_ps();
@@ -128,7 +131,9 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 // activation rows x weight rows of the panel kernel's register tile: 4 x 3 = 12 accumulators
 // (6 x 2 and 3 x 4 measured 2.5% slower at 32 rows on Zen 1, equal at 512; 32 = 8 x 4, no tail)
 static const int kPanelX = 4, kPanelW = 3;
-static const long kPanelMin = 8;   // from this many activation rows on, the panel kernel
+// from this many activation rows on, the panel kernel (row_dot's code for 7 rows ran 1.4x
+// slower than the panel's)
+static const long kPanelMin = 7;
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
 // k with TX * RW accumulators (4 x 3 = 12 registers, + 3 for the weights, 1 for x);

@@ -23,12 +23,14 @@ from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
-#: (tokens, out, in): decode; a 4-row tile plus one; the panel kernel (>= 8 rows, tiles of
+#: (tokens, out, in): decode; row dots of 4 and 5 rows; the panel kernel (>= 7 rows, tiles of
 #: 4 activation rows x 3 weight rows) with tails of 1, 2 and 3 activation rows and of 1 and
 #: 2 weight rows; two blocks of activation rows (112 rows of 576 stay in L2), as in prefill
 SHAPES = [
     (1, 576, 576),
+    (4, 96, 64),
     (5, 576, 1536),
+    (7, 96, 64),
     (9, 97, 64),
     (14, 98, 64),
     (63, 98, 64),
