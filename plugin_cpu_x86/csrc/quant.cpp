@@ -144,28 +144,20 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
   }
 }
 
-// sums[t * 8 + r] = weight row r of group wg . activation row t0 + t, t < TT
-template <int QT, int TT>
-static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, float *sums) {
-  __m256 acc[TT];
-  for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
+// sums[(t * NG + g) * 8 + r] = weight row r of group g (at wg + g * gbytes) . activation
+// row t0 + t, for t < TT and g < NG: NG groups against the same activation rows load their
+// bytes once (NG = 2 for a single row, batch-1 decode)
+template <int QT, int TT, int NG>
+static inline void group_dot(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k,
+                             float *sums) {
+  __m256 acc[NG][TT];
+  for (int g = 0; g < NG; ++g)
+    for (int t = 0; t < TT; ++t) acc[g][t] = _mm256_setzero_ps();
   const long gb = kGroup * block_bytes(QT);
-  for (long b = 0; b < a.nb; ++b) group_block<QT, TT>(wg + b * gb, a, t0, k, b, acc);
-  for (int t = 0; t < TT; ++t) _mm256_storeu_ps(sums + t * kGroup, acc[t]);
-}
-
-// sums[r] = row r < 16 of groups wg and wg + gbytes . activation row t0: the activation
-// bytes loaded once for both
-template <int QT>
-static inline void group_dot2(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  const long gb = kGroup * block_bytes(QT);
-  for (long b = 0; b < a.nb; ++b) {
-    group_block<QT, 1>(wg + b * gb, a, t0, k, b, acc);
-    group_block<QT, 1>(wg + gbytes + b * gb, a, t0, k, b, acc + 1);
-  }
-  _mm256_storeu_ps(sums, acc[0]);
-  _mm256_storeu_ps(sums + kGroup, acc[1]);
+  for (long b = 0; b < a.nb; ++b)
+    for (int g = 0; g < NG; ++g) group_block<QT, TT>(wg + g * gbytes + b * gb, a, t0, k, b, acc[g]);
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(sums + (t * NG + g) * kGroup, acc[g][t]);
 }
 #else
 // the quantized value of row r, element i of a group block p (x8 layout)
@@ -178,33 +170,26 @@ static inline int x8_value(const uint8_t *p, int r, int i) {
   return i < 16 ? byte & 0x0f : byte >> 4;
 }
 
-template <int QT, int TT>
-static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, float *sums) {
+template <int QT, int TT, int NG>  // (as above)
+static inline void group_dot(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k,
+                             float *sums) {
   const long gb = kGroup * block_bytes(QT);
-  for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < kGroup; ++r) sums[t * kGroup + r] = 0.0f;
-  for (long b = 0; b < a.nb; ++b) {
-    const uint8_t *p = wg + b * gb;
-    for (int r = 0; r < kGroup; ++r) {
-      const float d = QT == CX86_INT8 ? 1.0f : read_half(p + 2 * r);
-      const float m = QT == CX86_Q4_1 ? read_half(p + 16 + 2 * r) : QT == CX86_Q4_0 ? -8.0f * d : 0.0f;
-      for (int t = 0; t < TT; ++t) {
-        const long ai = (t0 + t) * a.nb + b;
-        const int8_t *aq = a.q + (t0 + t) * k + b * kBlock;
-        int dot = 0;
-        for (int i = 0; i < kBlock; ++i) dot += x8_value<QT>(p, r, i) * (int)aq[i];
-        sums[t * kGroup + r] += (float)dot * d * a.d[ai] + m * a.s[ai];
+  for (int i = 0; i < TT * NG * kGroup; ++i) sums[i] = 0.0f;
+  for (long b = 0; b < a.nb; ++b)
+    for (int g = 0; g < NG; ++g) {
+      const uint8_t *p = wg + g * gbytes + b * gb;
+      for (int r = 0; r < kGroup; ++r) {
+        const float d = QT == CX86_INT8 ? 1.0f : read_half(p + 2 * r);
+        const float m = QT == CX86_Q4_1 ? read_half(p + 16 + 2 * r) : QT == CX86_Q4_0 ? -8.0f * d : 0.0f;
+        for (int t = 0; t < TT; ++t) {
+          const long ai = (t0 + t) * a.nb + b;
+          const int8_t *aq = a.q + (t0 + t) * k + b * kBlock;
+          int dot = 0;
+          for (int i = 0; i < kBlock; ++i) dot += x8_value<QT>(p, r, i) * (int)aq[i];
+          sums[(t * NG + g) * kGroup + r] += (float)dot * d * a.d[ai] + m * a.s[ai];
+        }
       }
     }
-  }
-}
-#endif
-
-#if !defined(__AVX2__)
-template <int QT>  // (as above)
-static inline void group_dot2(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
-  group_dot<QT, 1>(wg, a, t0, k, sums);
-  group_dot<QT, 1>(wg + gbytes, a, t0, k, sums + kGroup);
 }
 #endif
 
@@ -226,12 +211,15 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
         for (long t0 = x0; t0 < x1; t0 += kTile) {
           const long tt = x1 - t0 < kTile ? x1 - t0 : kTile;
           float sums[kTile * kGroup];  // [t * 8 + r]; for two groups, row r < 16 of t = 0
-          switch (ng == 2 ? 0 : tt) {
-            case 0: group_dot2<QT>(wg, gbytes, a, t0, k, sums); break;
-            case 1: group_dot<QT, 1>(wg, a, t0, k, sums); break;
-            case 2: group_dot<QT, 2>(wg, a, t0, k, sums); break;
-            case 3: group_dot<QT, 3>(wg, a, t0, k, sums); break;
-            default: group_dot<QT, 4>(wg, a, t0, k, sums); break;
+          if (ng == 2) {
+            group_dot<QT, 1, 2>(wg, gbytes, a, t0, k, sums);
+          } else {
+            switch (tt) {
+              case 1: group_dot<QT, 1, 1>(wg, gbytes, a, t0, k, sums); break;
+              case 2: group_dot<QT, 2, 1>(wg, gbytes, a, t0, k, sums); break;
+              case 3: group_dot<QT, 3, 1>(wg, gbytes, a, t0, k, sums); break;
+              default: group_dot<QT, 4, 1>(wg, gbytes, a, t0, k, sums); break;
+            }
           }
           for (long t = 0; t < tt; ++t)
             for (long r = 0; r < nr; ++r)

@@ -31,6 +31,9 @@ from core.scheduler import Scheduler
 from core.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+# engines gc.freeze() what they keep (LLMEngine.__init__); at exit it goes back to the
+# collector, so the interpreter's last collection frees it (no leak reports at exit)
+atexit.register(gc.unfreeze)
 
 
 def resolve_platform(device: str | Platform) -> Platform:
@@ -86,7 +89,6 @@ class LLMEngine:
         # walk it again and again (gc was ~1.5% of a batched run's CPU time before)
         gc.collect()
         gc.freeze()
-        atexit.register(gc.unfreeze)  # let the interpreter's last collection free it
         logger.info(
             "engine ready in %.1fs: device=%s model=%s dtype=%s quantization=%s; KV cache %d blocks = %d tokens, "
             "max concurrency at max_model_len=%d: %.1fx",

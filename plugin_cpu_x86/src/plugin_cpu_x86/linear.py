@@ -48,13 +48,13 @@ def interleave_x8(rows: torch.Tensor, code: int) -> torch.Tensor:
     Rows go in groups of 8 (the last padded with zero rows); in each group and block of 32
     columns, first the 8 rows' scales side by side (all d, then all m), then the values 4
     bytes of a row at a time: chunk 0 of rows 0..7, chunk 1 of rows 0..7, ... The result is
-    ``[ceil(n / 8), nb * 8 * block]`` bytes.
+    ``[ceil(n / 8), nb * 8 * block]`` bytes, of ``rows``' dtype (uint8 or int8).
     """
     n, width = rows.shape
     block, sb = _BLOCK_BYTES[code], _SCALE_BYTES[code]
     nb, groups = width // block, -(-n // GROUP)
-    padded = torch.zeros(groups * GROUP, width, dtype=torch.uint8)
-    padded[:n] = rows.view(torch.uint8)
+    padded = torch.zeros(groups * GROUP, width, dtype=rows.dtype)
+    padded[:n] = rows
     blocks = padded.view(groups, GROUP, nb, block)
     scales = blocks[..., :sb].reshape(groups, GROUP, nb, sb // 2, 2).permute(0, 2, 3, 1, 4)
     values = blocks[..., sb:].reshape(groups, GROUP, nb, (block - sb) // 4, 4).permute(0, 2, 3, 1, 4)
@@ -112,7 +112,7 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
         if self.code % X8 == INT8:
-            return self.rows().view(torch.int8).float() * self.scales[: self.out_features, None]
+            return self.rows().float() * self.scales[: self.out_features, None]
         import gguf
 
         kind = gguf.GGMLQuantizationType[self.fmt]
@@ -120,13 +120,8 @@ class QuantizedWeight:
 
     def to_x8(self) -> QuantizedWeight:
         """The same weight repacked for the int8-activation kernel."""
-        scales = self.scales
-        if scales is not None:
-            scales = torch.zeros(-(-self.out_features // GROUP) * GROUP)
-            scales[: self.out_features] = self.scales
+        scales = None if self.scales is None else F.pad(self.scales, (0, -self.out_features % GROUP))
         data = interleave_x8(self.data, self.code)
-        if self.code == INT8:
-            data = data.view(torch.int8)
         return QuantizedWeight(self.fmt, self.code + X8, data, scales, self.out_features, self.in_features)
 
 
@@ -220,11 +215,13 @@ class QuantLinearMixin:
         x2 = x.reshape(-1, k)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        if native_bias(bias) is None:
+        bias_arg = native_bias(bias)
+        if bias_arg is None:  # a bias the kernels cannot read: a float32 copy, alive for the call
             bias = bias.float().contiguous()
+            bias_arg = native_bias(bias)
         out = x.new_empty((*x.shape[:-1], n))
         self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
-                            out.data_ptr(), *native_bias(bias))  # fmt: skip
+                            out.data_ptr(), *bias_arg)  # fmt: skip
         return out
 
     def _native_linear(self, code: int, w_ptr: int, scales_ptr: int, n: int, k: int, dt: int, x_ptr: int,
