@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from plugin_hpu.bucketing import Bucket
+from plugins.memory import GiB
 
-GiB = 1 << 30
+from plugin_hpu.bucketing import Bucket
 
 
 @dataclass(frozen=True)

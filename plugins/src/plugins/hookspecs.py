@@ -3,6 +3,8 @@
 import pluggy
 
 PROJECT_NAME = "core"
+#: the entry-point group a backend distribution registers its hook module under
+ENTRY_POINT_GROUP = "core.platforms"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

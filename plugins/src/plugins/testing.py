@@ -8,27 +8,47 @@ A backend's test suite subclasses :class:`PlatformConformance` and sets ``platfo
     class TestMyPlatform(PlatformConformance):
         platform = MyPlatform
 
-and inherits every check: identity and availability contract, env-config parsing of
-good and bad values, each kernel against the torch reference on fresh random inputs at
+and inherits every check: identity, API version and availability contract, the
+``register_platform`` hook of the installed entry point, env-config parsing of good and
+bad values, each kernel against the torch reference on fresh random inputs at
 several shapes and each supported dtype, memory profiler sanity, runner padding equal
 to eager, and end-to-end greedy generation on a tiny random model equal to the
 reference platform's tokens (when ``core`` is installed). Checks that need the device
 skip, with the platform's reason, where it is unavailable.
+
+What backend and engine tests share besides the kit (the reference platform, a test
+engine config, the tiny model) is in :mod:`plugins.reference`.
 
 This module is also registered as a pytest plugin (entry point ``pytest11``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from typing import Any, ClassVar
 
+import pluggy
 import pytest
+from plugins import hookspecs
 from plugins.env import EnvConfigError, EnvVar
-from plugins.platform import Platform
+from plugins.hookspecs import ENTRY_POINT_GROUP
+from plugins.platform import PLATFORM_API_VERSION, Platform
+from plugins.reference import ReferencePlatform, engine_config, tiny_model_config
 
 #: absolute/relative tolerance per dtype for kernel outputs compared in float32
 TOLERANCES = {"float32": (2e-4, 2e-4), "float16": (3e-3, 3e-3), "bfloat16": (3e-2, 3e-2)}
+
+
+def _hook_results(module: Any) -> list[Any]:
+    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    manager.register(module)
+    return manager.hook.register_platform()
+
+
+def _top_package(module_name: str) -> str:
+    return module_name.split(".")[0]
 
 
 def _bad_text(var: EnvVar) -> str | None:
@@ -105,6 +125,36 @@ class PlatformConformance:
         assert isinstance(plat.priority, int)
         assert plat.supported_dtypes, "supported_dtypes must not be empty"
         assert set(plat.supported_dtypes) <= {"float32", "bfloat16", "float16"}
+
+    def test_api_version(self, plat: Platform) -> None:
+        wanted = plat.api_version
+        assert wanted is None or wanted == PLATFORM_API_VERSION, (
+            f"{type(plat).__name__}.api_version is {wanted}, but this SDK provides PLATFORM_API_VERSION "
+            f"{PLATFORM_API_VERSION}: port the platform to version {PLATFORM_API_VERSION} (plugins/README.md)"
+        )
+
+    def test_entry_point_hook(self, plat: Platform) -> None:
+        """The installed distribution's ``core.platforms`` entry point returns this platform."""
+        top = _top_package(type(plat).__module__)
+        if top == "plugins":
+            pytest.skip("a platform of the SDK itself has no entry point")
+        points = [
+            ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if _top_package(ep.module) == top
+        ]
+        if not points:
+            dists = importlib.metadata.packages_distributions().get(top)
+            assert not dists, (
+                f"distribution {dists} provides {top!r} but registers no {ENTRY_POINT_GROUP!r} entry point"
+            )
+            pytest.skip(f"{top!r} is not installed as a distribution: no entry point to check")
+        returned = [result for ep in points for result in _hook_results(ep.load())]
+        for result in returned:
+            cls = result if isinstance(result, type) else type(result)
+            assert issubclass(cls, Platform), f"register_platform() returned {result!r}, not a plugins.Platform"
+        assert any(isinstance(plat, r if isinstance(r, type) else type(r)) for r in returned), (
+            f"the entry points {[ep.value for ep in points]} of {ENTRY_POINT_GROUP!r} return {returned}, "
+            f"not {type(plat).__name__}"
+        )
 
     def test_availability_contract(self, plat: Platform) -> None:
         available = plat.is_available()
@@ -254,11 +304,8 @@ class PlatformConformance:
         assert mem.measure_peak(lambda: None) >= 0
         assert isinstance(mem.needs_profile_run, bool), "MemoryProfiler.needs_profile_run must be a bool"
 
-        class Config:
-            kv_cache_bytes = 64 << 20
-            gpu_memory_utilization = 0.5
-
-        plan = mem.plan_kv_cache(Config(), block_bytes=1 << 20, peak_activation_bytes=0)
+        config = engine_config(kv_cache_bytes=64 << 20, gpu_memory_utilization=0.5)
+        plan = mem.plan_kv_cache(config, block_bytes=1 << 20, peak_activation_bytes=0)
         assert isinstance(plan, KVCachePlan) and plan.num_blocks >= 0 and plan.detail
         assert plan.num_blocks * plan.block_bytes <= max(plan.budget_bytes, 0)
         import torch
@@ -277,10 +324,15 @@ class PlatformConformance:
         meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [1, 1, 1], [9, 30, 2], 2, 32, 16)
         ids = torch.randint(0, 100, (3,), generator=gen).to(dev)
         inputs = ModelInputs(ids, torch.tensor(meta.seq_lens_host, device=dev) - 1, meta)
+        config = engine_config(device=device_plat.name, dtype=dtype_name, max_num_seqs=8, block_size=16)
         caches = [(k_cache.clone(), v_cache.clone())]
-        eager = Runner(device_plat).execute(model, caches, inputs)
+        eager_runner = Runner(device_plat)
+        eager_runner.prepare(model, caches, config)
+        eager = eager_runner.execute(inputs)
         padded_caches = [(k_cache.clone(), v_cache.clone())]
-        padded = device_plat.runner.forward(model, padded_caches, pad_inputs(inputs, 8))[:3]
+        runner = device_plat.make_runner()
+        runner.prepare(model, padded_caches, config)
+        padded = runner.forward(pad_inputs(inputs, 8))[:3]
         self._assert_close(padded, eager, dtype_name, "padded forward vs eager")
         self._assert_close(padded_caches[0][0], caches[0][0], dtype_name, "KV cache after padded forward")
 
@@ -288,19 +340,10 @@ class PlatformConformance:
     def test_greedy_generation_matches_reference(self, device_plat, tmp_path) -> None:
         core = pytest.importorskip("core", reason="install `core` to run the end-to-end conformance check")
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaForCausalLM
 
         torch.manual_seed(0)
-        config = LlamaConfig(
-            vocab_size=256,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        )
-        LlamaForCausalLM(config).save_pretrained(tmp_path)
+        LlamaForCausalLM(tiny_model_config()).save_pretrained(tmp_path)
         prompts = [[1, 5, 9, 33, 2], list(range(3, 40)), [7]]
         params = core.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -310,17 +353,7 @@ class PlatformConformance:
             llm.shutdown()
             return [o.outputs[0].token_ids for o in outs]
 
-        assert run(device_plat) == run(_ReferencePlatform())
-
-
-class _ReferencePlatform(Platform):
-    """The SDK's own defaults on the CPU: what every backend is compared with."""
-
-    name = "reference"
-    device_type = "cpu"
-
-    def is_available(self) -> bool:
-        return True
+        assert run(device_plat) == run(ReferencePlatform())
 
 
 class _TinyAttentionModel:
