@@ -68,3 +68,29 @@ def test_example_passes_conformance(toy_site, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "failed" not in result.stdout and "skipped" not in result.stdout
+
+
+def test_kit_fails_a_platform_its_entry_point_does_not_return(toy_site, tmp_path):
+    """The kit's hook check: a platform of the toy_plugin package that the installed entry
+    point's register_platform() does not return fails it, naming both."""
+    test_file = tmp_path / "test_stray_conformance.py"
+    test_file.write_text(
+        "import plugins\n"
+        "from plugins.testing import PlatformConformance\n\n"
+        "class Stray(plugins.Platform):\n"
+        "    name = 'stray'\n"
+        "    device_type = 'cpu'\n\n"
+        "Stray.__module__ = 'toy_plugin'  # as if toy_plugin defined it without registering it\n\n"
+        "class TestStray(PlatformConformance):\n"
+        "    platform = Stray\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib", str(test_file),
+         "-k", "entry_point"],
+        env=_env(toy_site),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed" in result.stdout and "not Stray" in result.stdout and "ToyPlatform" in result.stdout
