@@ -1,4 +1,4 @@
-"""Discover backend plugins and select the platform to run on (DESIGN.md §4).
+"""Discover backend plugins and select the platform to run on.
 
 Each entry point of the group ``core.platforms`` is imported on its own, so a plugin
 that fails to import is reported with its error and skipped without breaking the

@@ -13,10 +13,10 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs
 
 logger = logging.getLogger(__name__)
@@ -30,18 +30,18 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
 
 
 def select_capture_sizes(
-    config: Any, env_sizes: tuple[int, ...] | None, is_graph_safe: bool
+    config: EngineConfigView, env_sizes: tuple[int, ...] | None, is_graph_safe: bool
 ) -> tuple[tuple[int, ...], str]:
     """The decode batch sizes to capture and why, e.g. ``((1, 2, 4), "CUDA_GRAPH_SIZES")``.
 
     Empty when graphs are off: ``config.enforce_eager``, kernels that plan on host
     lengths (``is_graph_safe`` False), or no size within ``config.max_num_seqs``.
     """
-    if getattr(config, "enforce_eager", False):
+    if config.enforce_eager:
         return (), "enforce_eager is set"
     if not is_graph_safe:
         return (), "the attention kernels are not graph-safe (CUDA_ATTENTION_BACKEND=reference)"
-    max_num_seqs = int(config.max_num_seqs)
+    max_num_seqs = config.max_num_seqs
     if env_sizes is None:
         return default_capture_sizes(max_num_seqs), f"default sizes up to max_num_seqs={max_num_seqs}"
     kept = tuple(s for s in sorted(set(env_sizes)) if s <= max_num_seqs)

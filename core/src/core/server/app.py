@@ -1,6 +1,6 @@
 """The FastAPI app and ``run_server`` (what ``core serve`` calls).
 
-The engine is built in the main thread before uvicorn starts and steps in its own thread;
+The engine is built and steps in its own thread before uvicorn starts;
 SIGINT/SIGTERM abort what is in flight (streams end with ``finish_reason: "abort"``) and
 stop the engine; uvicorn then closes the connections.
 """
@@ -134,19 +134,19 @@ class _Server(uvicorn.Server):
 
 def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
     """Build the engine, then serve it until SIGINT/SIGTERM. Returns the exit status."""
-    llm = LLMEngine(config)
-    engine = AsyncEngine(llm)
-    model_name = config.served_model_name or llm.loaded.name
-    num_tokens = llm.kv_plan.num_blocks * config.block_size
+    engine = AsyncEngine(lambda: LLMEngine(config))
+    llm = engine.engine
+    model_name = llm.config.served_model_name or llm.loaded.name
+    num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
     logger.info(
         "serving %s on %s (dtype %s, max_model_len %d); KV cache: %d blocks = %d tokens, max concurrency at max length %.1fx",
         model_name,
         llm.platform.name,
-        config.dtype,
-        config.max_model_len,
+        llm.config.dtype,
+        llm.config.max_model_len,
         llm.kv_plan.num_blocks,
         num_tokens,
-        num_tokens / config.max_model_len,
+        num_tokens / llm.config.max_model_len,
     )
     fe = Frontend(engine, model_name, args.max_queue_len)
     app = build_app(fe, args.api_key, args.max_request_bytes)
