@@ -122,3 +122,21 @@ def test_bad_token_and_slot_are_errors(model_dir):
     inputs.attn_metadata.slot_mapping[1] = 8  # the caches hold 2 blocks x 4 slots
     with pytest.raises(IndexError, match="8 slots"):
         fused(inputs)
+
+
+def test_models_without_a_description_run_eagerly(model_dir, caplog):
+    platform, model = load(model_dir, torch.float32, None, False)
+
+    class Opaque(torch.nn.Module):  # a model the runner knows nothing about: no describe()
+        def forward(self, *args):
+            return model(*args)
+
+    kv = caches(model, 8)
+    runner = CpuX86Runner(platform)
+    with caplog.at_level("INFO"):
+        runner.prepare(Opaque(), kv, None)
+    assert runner.fused is None and "Opaque does not describe itself" in caplog.text
+    big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
+    with torch.inference_mode():
+        eager = model(big.input_ids, big.positions, caches(model, 8), big.attn_metadata)
+        assert torch.equal(runner.execute(big), eager)
