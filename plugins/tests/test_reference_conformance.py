@@ -6,7 +6,7 @@ import textwrap
 
 import plugins
 from plugins.reference import ReferencePlatform
-from plugins.testing import PlatformConformance
+from plugins.testing import PlatformConformance, _first_difference
 
 
 class ReferenceWithEnv(ReferencePlatform):
@@ -122,3 +122,76 @@ def test_unavailable_platform_skips_device_checks(tmp_path):
     )
     assert result.returncode == 0, result.stdout
     assert "no such device here" in result.stdout and "passed" in result.stdout
+
+
+def test_kit_fails_a_kernel_that_ignores_strides(tmp_path):
+    """A kernel that reads q as if it were contiguous passes separate tensors but fails on
+    head views of a fused qkv projection, as models pass them."""
+    result = run_kit(
+        tmp_path,
+        """
+        import torch
+        from plugins.kernels import Kernels
+        from plugins.reference import ReferencePlatform
+        from plugins.testing import PlatformConformance
+
+        class Packed(Kernels):
+            def paged_attention(self, q, k_cache, v_cache, meta, scale):
+                packed = torch.as_strided(q, q.shape, q.contiguous().stride())  # ignores q's strides
+                return super().paged_attention(packed, k_cache, v_cache, meta, scale)
+
+        class Careless(ReferencePlatform):
+            name = "careless"
+            supported_dtypes = ("float32",)
+            def make_kernels(self):
+                return Packed()
+
+        class TestCareless(PlatformConformance):
+            platform = Careless
+        """,
+        "-k",
+        "paged_attention",
+    )
+    assert result.returncode == 1, result.stdout
+    assert "2 failed, 4 passed" in result.stdout and "paged_attention (fused qkv views)" in result.stdout
+
+
+def test_greedy_mismatch_names_both_sides_and_the_first_differing_step():
+    same = [[1, 2, 3], [4, 5]]
+    assert _first_difference("acme", same, [[1, 2, 3], [4, 5]]) is None
+    message = _first_difference("acme", same, [[1, 2, 3], [4, 6]])
+    assert message == (
+        "prompt 1: acme and the reference platform first differ at generated token 1 "
+        "(acme chose 5, the reference 6); acme: [4, 5]; reference: [4, 6]"
+    )
+    shorter = _first_difference("acme", [[1, 2]], [[1, 2, 3]])
+    assert "at generated token 2 (acme chose (nothing), the reference 3)" in shorter
+
+
+def test_kit_greedy_failure_message(tmp_path):
+    """End to end: a platform whose MLP is wrong fails the greedy check with the labelled message."""
+    result = run_kit(
+        tmp_path,
+        """
+        from plugins.kernels import Kernels
+        from plugins.reference import ReferencePlatform
+        from plugins.testing import PlatformConformance
+
+        class NoMlp(Kernels):
+            def silu_and_mul(self, x):
+                return super().silu_and_mul(x) * 0
+
+        class Wrong(ReferencePlatform):
+            name = "wrong"
+            def make_kernels(self):
+                return NoMlp()
+
+        class TestWrong(PlatformConformance):
+            platform = Wrong
+        """,
+        "-k",
+        "greedy",
+    )
+    assert result.returncode == 1, result.stdout
+    assert "wrong and the reference platform first differ at generated token" in result.stdout
+    assert "conformance kit: tests test_case.Wrong from" in result.stdout  # the header names the tested file
