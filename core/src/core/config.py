@@ -1,16 +1,15 @@
 """The user's engine settings: one dataclass, shared by the CLI, the server and ``LLM``.
 
-They are validated here and settled (platform overrides, dtype, lengths) once by
-:func:`core.resolve.resolve_engine` into the read-only :class:`plugins.EngineConfigView`.
+They are validated and settled (platform overrides, dtype, lengths) once, by
+:func:`core.resolve.resolve_engine`, into the read-only :class:`plugins.EngineConfigView`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
-from plugins import EngineConfigView, Platform
+from plugins import Platform
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -34,31 +33,6 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
-
-    def validate(self) -> None:
-        """Reject impossible settings with a message naming the field."""
-        validate_settings(self)
-
-    def view(self, device: str) -> EngineConfigView:
-        """These settings as the read-only view plugins receive, for the platform named ``device``."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return EngineConfigView(**{**fields, "device": device})
-
-
-def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
-    """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {settings.dtype!r}")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-        value = getattr(settings, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if settings.max_model_len is not None and settings.max_model_len < 1:
-        raise ValueError(f"max_model_len must be positive, got {settings.max_model_len}")
-    if not 0 < settings.gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
-    if settings.kv_cache_bytes is not None and settings.kv_cache_bytes <= 0:
-        raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -116,5 +90,4 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_name=args.served_model_name,
     )
-    config.validate()
     return config

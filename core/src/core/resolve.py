@@ -17,7 +17,7 @@ from typing import Any
 
 from plugins import EngineConfigView, Platform
 
-from core.config import EngineConfig, validate_settings
+from core.config import DTYPES, EngineConfig
 from core.discovery import discover, select_platform
 from core.loader import ModelSource, open_model
 
@@ -48,9 +48,10 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
     :raises ValueError: naming the setting that cannot work (also for a platform's overrides).
     :raises plugins.PlatformUnavailable: when the device cannot be used.
     """
-    config.validate()
+    validate_settings(config)
     platform = resolve_platform(config.device)
-    view = config.view(platform.name)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    view = EngineConfigView(**{**fields, "device": platform.name})
     view = _merge_overrides(view, platform.check_config(view), f"platform {platform.name}")
     dtype = _resolve_dtype(view.dtype, platform)
     model = open_model(view.model)
@@ -59,6 +60,22 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
     budget = max(view.max_num_batched_tokens, view.max_num_seqs)
     view = dataclasses.replace(view, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=budget)
     return ResolvedEngine(platform, view, model)
+
+
+def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
+    """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {settings.dtype!r}")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if settings.max_model_len is not None and settings.max_model_len < 1:
+        raise ValueError(f"max_model_len must be positive, got {settings.max_model_len}")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
+    if settings.kv_cache_bytes is not None and settings.kv_cache_bytes <= 0:
+        raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
 
 
 def _merge_overrides(view: EngineConfigView, overrides: dict[str, Any], source: str) -> EngineConfigView:
