@@ -47,6 +47,11 @@ def _env_rows(records: list[PluginRecord]) -> list[dict]:
     for r in records:
         for var in r.platform.env_vars if r.platform else ():
             raw = var.raw(os.environ)
+            try:
+                var.read(os.environ)
+                error = None
+            except EnvConfigError as exc:
+                error = str(exc)
             rows.append(
                 {
                     "plugin": r.name,
@@ -55,6 +60,7 @@ def _env_rows(records: list[PluginRecord]) -> list[dict]:
                     "set_as": raw[0] if raw else None,
                     "default": var.default,
                     "help": var.help,
+                    "error": error,
                 }
             )
     return rows
@@ -79,14 +85,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
                     [
                         r["plugin"],
                         r["variable"],
-                        "(unset)" if r["value"] is None else r["value"],
+                        "(unset)" if r["value"] is None else r["value"] + (" (INVALID)" if r["error"] else ""),
                         r["default"],
                         r["help"],
                     ]
                     for r in rows
                 ],
             )
-        return 0
+        errors = [r["error"] for r in rows if r["error"]]
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 1 if errors else 0
     rows = _device_rows(records)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
