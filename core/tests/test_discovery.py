@@ -103,7 +103,9 @@ def test_auto_names_the_plugins_core_plugins_left_out(site):
     with pytest.raises(PlatformUnavailable) as info:
         select_platform("auto", records)
     assert "fk_one: not loaded: CORE_PLUGINS=toy leaves it out" in str(info.value)
-    assert "no plugin installed" not in str(info.value)
+    assert "no plugin installed" not in str(info.value) and "Name an installed plugin in CORE_PLUGINS" in str(
+        info.value
+    )
 
 
 def test_api_version_mismatch_is_rejected(site):

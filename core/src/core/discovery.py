@@ -35,6 +35,8 @@ class PluginRecord:
     version: str
     platform: Platform | None = None
     error: str | None = None
+    #: not loaded because ``CORE_PLUGINS`` does not name it
+    left_out: bool = False
     _available: bool | None = field(default=None, repr=False)
     _reason: str | None = field(default=None, repr=False)
 
@@ -108,6 +110,7 @@ def discover(environ: Mapping[str, str] | None = None) -> list[PluginRecord]:
         )
         records[ep.name] = record
         if wanted is not None and ep.name not in wanted:
+            record.left_out = True
             record.error = f"not loaded: CORE_PLUGINS={environ['CORE_PLUGINS'].strip()} leaves it out"
             continue
         try:
@@ -136,9 +139,16 @@ def select_platform(device: str, records: list[PluginRecord]) -> Platform:
     if device == "auto":
         usable = [r for r in records if r.is_available]
         if not usable:
-            reasons = "; ".join(f"{r.name}: {r.reason}" for r in records) or "no plugin installed"
+            names_by_reason: dict[str, list[str]] = {}
+            for r in records:
+                names_by_reason.setdefault(r.reason or "not available", []).append(r.name)
+            reasons = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in names_by_reason.items())
+            if any(r.left_out for r in records):
+                fix = "Name an installed plugin in CORE_PLUGINS, or unset it"
+            else:
+                fix = f"Install a backend: {_how_to_install()}"
             raise PlatformUnavailable(
-                f"No available device for --device auto ({reasons}). Install a backend: {_how_to_install()}"
+                f"No available device for --device auto ({reasons or 'no plugin installed'}). {fix}"
             )
         chosen = min(usable, key=lambda r: (-r.platform.priority, r.platform.name))
         others = ", ".join(
