@@ -153,7 +153,9 @@ def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monke
     assert runner.padded_num_seqs(prefill_inputs) is None
     runner.execute(three)
     runner.execute(prefill_inputs)
-    runner.profile(model, model.new_kv_caches(24, BLOCK_SIZE), decode_batch([3], 24))  # the profile pass: its own caches
+    runner.profile(
+        model, model.new_kv_caches(24, BLOCK_SIZE), decode_batch([3], 24)
+    )  # the profile pass: its own caches
     assert fake.replays == 0
 
 
