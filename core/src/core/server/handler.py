@@ -58,12 +58,11 @@ class Handler:
     async def respond(self, raw: Request, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> Any:
         """Stream the answer (``stream: true``) or wait for every stream's end; release the tickets either way."""
         if self.req.stream:
-            return SSEResponse(self._stream(streams, tickets))
+            return SSEResponse(self._stream(streams, tickets), on_close=lambda: _release(tickets))
         try:
             finals = await until_disconnected(raw, _gather(streams))
         finally:
-            for t in tickets:
-                t.release()
+            _release(tickets)
         return JSONResponse(self.response(finals))
 
     async def _stream(self, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> AsyncIterator[str]:
@@ -77,11 +76,15 @@ class Handler:
         except (APIError, ValueError, RuntimeError) as exc:
             yield error_event(exc)
         finally:
-            for t in tickets:
-                t.release()
+            _release(tickets)
             for s in streams:
                 await s.aclose()  # type: ignore[attr-defined]
         yield sse("[DONE]")
+
+
+def _release(tickets: list[Ticket]) -> None:
+    for t in tickets:
+        t.release()
 
 
 async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
