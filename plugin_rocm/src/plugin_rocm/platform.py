@@ -18,6 +18,8 @@ import plugins
 from plugins import EnvVar
 from plugins.memory import GiB, MemoryProfiler
 
+from plugin_rocm.visible import device_env
+
 logger = logging.getLogger(__name__)
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -167,9 +169,7 @@ class RocmPlatform(plugins.Platform):
         }
 
     def init_device(self, config: Any) -> None:
-        visible = self.env["ROCM_VISIBLE_DEVICES"]
-        if visible is not None:
-            os.environ.setdefault("HIP_VISIBLE_DEVICES", visible)
+        os.environ.update(device_env(self.env["ROCM_VISIBLE_DEVICES"], os.environ))
         import torch
 
         torch.cuda.set_device(getattr(config, "local_rank", 0))
