@@ -20,6 +20,8 @@ from plugins.env import parse_fraction
 from plugins.host import read_text
 from plugins.memory import DeviceMemoryProfiler, GiB
 
+from plugin_rocm.visible import device_env
+
 logger = logging.getLogger(__name__)
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -116,9 +118,7 @@ class RocmPlatform(plugins.Platform):
         }
 
     def init_device(self, config: plugins.EngineConfigView) -> None:
-        visible = self.env["ROCM_VISIBLE_DEVICES"]
-        if visible is not None:
-            os.environ.setdefault("HIP_VISIBLE_DEVICES", visible)
+        os.environ.update(device_env(self.env["ROCM_VISIBLE_DEVICES"], os.environ))
         import torch
 
         torch.cuda.set_device(config.local_rank)
