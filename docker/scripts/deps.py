@@ -8,8 +8,9 @@ an image layer that installs this list stays cached while only the repository's 
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 def third_party(dirs: list[str]) -> list[str]:

@@ -134,7 +134,11 @@ class _Server(uvicorn.Server):
             logger.info("signal %d: aborting requests in flight and stopping the engine", sig)
             self.engine.shutdown(timeout=0)  # does not block: the engine thread aborts and stops
         else:
-            logger.info("signal %d: draining: requests in flight have %g s to finish (again: abort now)", sig, self.drain_timeout)
+            logger.info(
+                "signal %d: draining: requests in flight have %g s to finish (again: abort now)",
+                sig,
+                self.drain_timeout,
+            )
             self.abort_timer = threading.Timer(self.drain_timeout, self.engine.shutdown, kwargs={"timeout": 0})
             self.abort_timer.daemon = True
             self.abort_timer.start()
