@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("CORE_API_KEY"))
     serve.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 503")
     serve.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/SIGINT, seconds the requests in flight get to finish before they are aborted (0: at once)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     add_bench_parser(sub)
