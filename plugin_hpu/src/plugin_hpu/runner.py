@@ -150,7 +150,7 @@ class HpuRunner(Runner):
         Each capture is measured as the drop of the device's free memory across it.
         """
         env, memory = self.platform.env, self.platform.memory
-        plan = getattr(memory, "plan", None)
+        plan = memory.plan  # the HpuMemoryProfiler's split of the KV planning
         free_now = memory.free_memory()
         # the profiler's margin (free * (1 - utilization)) stays free; without its plan
         # (the user sized the KV cache), the same share of what is free now
