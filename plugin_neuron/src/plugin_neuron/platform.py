@@ -151,9 +151,12 @@ class NeuronPlatform(plugins.Platform):
 
         importlib.import_module(FRAMEWORKS[framework])
         shapes = self.shapes(config)
+        # the default model (model None) lives where core finds it: its artifacts need the variable
+        has_dir = config.model is not None or self.setting("NEURON_COMPILED_ARTIFACTS") is not None
+        artifacts = self.artifacts_dir(config) if has_dir else "unset (default model: set NEURON_COMPILED_ARTIFACTS)"
         logger.info("Neuron (%s): %d graphs, context %s, token generation %s at batch %d; cache %s (%s); model in %s",
                     framework, len(shapes.graphs()), shapes.context, shapes.token_gen, shapes.batch_size,
-                    cache.url, cache.source, self.artifacts_dir(config))  # fmt: skip
+                    cache.url, cache.source, artifacts)  # fmt: skip
 
     def make_runner(self):
         from plugin_neuron.runner import NeuronRunner
