@@ -3,9 +3,9 @@
 By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
 multiplies them into the float32 activations, so the result is the float32 product with
-the dequantized weights (csrc/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
+the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
 repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
-activations to int8 per block of 32, as llama.cpp does (csrc/quant.cpp: faster, not exact).
+activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact).
 Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
 ``gguf.quants.dequantize``.
 """
@@ -43,7 +43,7 @@ def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
 
 
 def interleave_x8(rows: torch.Tensor, code: int) -> torch.Tensor:
-    """Repack ``[n, nb * block]`` bytes of format ``code`` into csrc/quant.cpp's x8 layout.
+    """Repack ``[n, nb * block]`` bytes of format ``code`` into native/src/quant.cpp's x8 layout.
 
     Rows go in groups of 8 (the last padded with zero rows); in each group and block of 32
     columns, first the 8 rows' scales side by side (all d, then all m), then the values 4

@@ -1,7 +1,7 @@
 """Load the C++ kernel library and bind one ISA's entry points through ctypes.
 
 The library (``_cx86.so``, built by CMake) exports every kernel once per ISA as
-``cx86_<isa>_<kernel>`` plus ``cx86_cpu_features()`` (cpuid). :class:`NativeLib`
+``ck_<isa>_<kernel>`` plus ``ck_cpu_features()`` (cpuid). :class:`NativeLib`
 binds the functions of one ISA with their argtypes once, so that a kernel call is a
 single ctypes call on integer data pointers.
 """
@@ -21,7 +21,7 @@ ISA_REQUIREMENTS = {
     "avx2": ("AVX2", "FMA", "F16C"),
     "scalar": (),
 }
-#: bit order of cx86_cpu_features() (csrc/dispatch.cpp)
+#: bit order of ck_cpu_features() (native/src/features_x86_64.cpp)
 FEATURE_BITS = (
     "AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI", "AVX512_BF16", "AMX",
 )  # fmt: skip
@@ -34,7 +34,7 @@ ISA_CHOICES = {
 }
 DTYPE_F32, DTYPE_BF16 = 0, 1
 Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
-#: a format repacked in groups of 8 rows (csrc/quant.cpp, int8 activations): its code + X8
+#: a format repacked in groups of 8 rows (native/src/quant.cpp, int8 activations): its code + X8
 X8 = 8
 
 _P = c_void_p
@@ -75,9 +75,9 @@ _SIGNATURES = {
     "attention_max_head": (c_long, []),
     "attention_max_group": (c_long, []),
     # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
-    # (csrc/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
+    # (native/src/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
     "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
-    # decoder, step, nthreads (csrc/decode.cpp; structures in plugin_cpu_x86/runner.py)
+    # decoder, step, nthreads (native/src/decode.cpp; structures in plugin_cpu_x86/runner.py)
     "decode": (c_int, [_P, _P, c_int]),
 }
 
@@ -102,8 +102,8 @@ def load_library() -> ctypes.CDLL:
 
 def cpu_features(lib: ctypes.CDLL) -> list[str]:
     """The CPU features cpuid reports (and the OS enables), as names of :data:`FEATURE_BITS`."""
-    lib.cx86_cpu_features.restype = c_int
-    bits = lib.cx86_cpu_features()
+    lib.ck_cpu_features.restype = c_int
+    bits = lib.ck_cpu_features()
     return [name for i, name in enumerate(FEATURE_BITS) if bits >> i & 1]
 
 
@@ -131,7 +131,7 @@ class NativeLib:
         self.features = cpu_features(self.cdll)
         self.isa = select_isa(choice, self.features)
         for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(self.cdll, f"cx86_{self.isa}_{name}")
+            fn = getattr(self.cdll, f"ck_{self.isa}_{name}")
             fn.restype = restype
             fn.argtypes = argtypes
             setattr(self, name, fn)
@@ -141,4 +141,4 @@ class NativeLib:
     def bind_threads(self, cpus: list[int]) -> int:
         """Pin OpenMP thread ``i`` of the calling thread's pool to ``cpus[i]``; returns failures."""
         arr = (c_int * len(cpus))(*cpus)
-        return self.cdll.cx86_bind_threads(arr, len(cpus))
+        return self.cdll.ck_bind_threads(arr, len(cpus))

@@ -154,7 +154,7 @@ class CpuX86Platform(plugins.Platform):
     def init_device(self, config: Any) -> None:
         """Bind the calling (engine) thread, torch's threads and the kernels' threads.
 
-        One compute thread per chosen CPU, pinned to it: the kernels' pool (csrc/pool.cpp)
+        One compute thread per chosen CPU, pinned to it: the kernels' pool (native/src/pool.cpp)
         and torch's OpenMP team. Torch stays at one thread in the engine thread except
         inside the kernels' GEMMs (prefill, dense linears): its idle OpenMP workers spin,
         and would steal the CPUs from the kernels' pool in every decode step.

@@ -3,7 +3,7 @@
 The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
 layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
-``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once, so a
+``ck_<isa>_decode`` (native/src/decode.cpp) with the weights and caches described once, so a
 step costs one Python call and gives the eager result exactly. It is CPU graph capture
 in all but name, without padding or fixed batch sizes: built in
 :meth:`CpuX86Runner.prepare`, used for every step; models it does not recognise run
