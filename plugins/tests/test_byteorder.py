@@ -1,8 +1,8 @@
 """plugins.byteorder: little-endian file bytes converted for a big-endian host.
 
 The converted bytes are read back as big-endian numbers (numpy's ``>`` dtypes) and must
-give the values the little-endian file held; GGUF blocks are checked field by field and
-dequantized by the reference of :mod:`gguf` from the original little-endian bytes.
+give the values the little-endian file held; in GGUF blocks only the f16 scale fields
+may change (the quantized values must stay byte for byte).
 """
 
 import numpy as np
