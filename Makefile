@@ -2,6 +2,7 @@
 #   make serve   install everything and serve the default model on :8000
 #   make test    install everything and run every test suite
 #   make test-cross  the CPU kernels of aarch64 and s390x, cross-built and tested under qemu
+#   make test-docker  build docker/Dockerfile.cpu and check the served image end to end
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
@@ -11,7 +12,7 @@ PORT ?= 8000
 SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
 	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test test-cross lint dev
+.PHONY: install install-test serve test test-cross test-docker lint dev
 
 install: $(VENV)/.installed
 
@@ -37,6 +38,9 @@ test: install-test
 # the CPU kernels cross-built for aarch64 and s390x and tested under qemu-user (needs no venv)
 test-cross:
 	scripts/test_cross.sh
+
+test-docker:
+	docker/test.sh
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
