@@ -49,13 +49,15 @@ class S390xPlatform(CpuPlatform):
     binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`).
 
     s390x is big-endian while safetensors and GGUF files are little-endian:
-    :meth:`device_info` reports the host byte order; no loader hook converts weights yet.
+    :attr:`byte_order` makes core's loader convert GGUF weights (safetensors' reader
+    converts on its own).
     """
 
     name = "s390x"
     api_version = 2
     # vLLM's s390x backend runs float32 only
     supported_dtypes = ("float32",)
+    byte_order = "big"
 
     def _probe(self) -> tuple[str | None, dict[str, Any]]:
         return probe(_platform.machine(), read_text("/proc/cpuinfo"))
@@ -69,7 +71,7 @@ class S390xPlatform(CpuPlatform):
             "name": info.pop("machine") or _platform.machine(),
             "count": os.cpu_count(),
             "isa": info,
-            "byte_order": "big",
+            "byte_order": self.byte_order,
         }
 
     def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:

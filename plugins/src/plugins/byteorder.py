@@ -1,12 +1,13 @@
 """Weights from little-endian files for a big-endian host (s390x).
 
 GGUF and safetensors store every multi-byte number little-endian. A platform whose
-kernels read memory big-endian answers ``get_extension("byte_order")`` with ``"big"``
-(plugin_s390x; None, the default, means little-endian); the loader then passes each
-tensor's raw bytes through :func:`to_host_order`, which swaps the
-bytes of every multi-byte field in place of the file's order: whole elements of a plain
-dtype, and the float16 scale fields inside GGUF's quantized blocks (their int8 and
-4-bit values are single bytes and stay as they are).
+kernels read memory big-endian sets :attr:`plugins.Platform.byte_order` to ``"big"``
+(plugin_s390x); core's GGUF loader then passes each tensor's raw bytes through
+:func:`to_host_order`, which swaps the bytes of every multi-byte field in place of the
+file's order: whole elements of a plain dtype, and the float16 scale fields inside
+GGUF's quantized blocks (their int8 and 4-bit values are single bytes and stay as they
+are). Safetensors files need no hook: the safetensors reader itself swaps to the host's
+order when ``sys.byteorder`` is ``"big"``.
 """
 
 from __future__ import annotations
