@@ -6,7 +6,7 @@
 
 #include "common.h"
 
-// weight formats, shared with Python (native.py of each CPU plugin)
+// weight formats, shared with Python (plugins/src/plugins/cpu_native/library.py)
 // CK_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
 enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4 };
 // the same formats repacked (x8 code = row code + CK_X8)

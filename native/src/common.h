@@ -31,7 +31,7 @@
 #define CK_FN(name) CK_CAT(ck_, CK_ISA, _##name)
 #define CK_NS CK_CAT(ck_, CK_ISA, _impl)
 
-// dtype codes shared with Python (native.py of each CPU plugin)
+// dtype codes shared with Python (plugins/src/plugins/cpu_native/library.py)
 enum { CK_F32 = 0, CK_BF16 = 1 };
 
 namespace CK_NS {

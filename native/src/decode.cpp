@@ -7,7 +7,7 @@
 
 #include "kernels.h"
 
-// Layouts shared with Python (runner.py of each CPU plugin, ctypes structures).
+// Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
 struct CKLinear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
   const void *w;
   const float *scales;  // per-row scales of CK_INT8, else NULL

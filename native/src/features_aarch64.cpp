@@ -5,7 +5,7 @@
 
 #include "features.h"
 
-// feature bits, shared with Python (native.py of each CPU plugin)
+// feature bits, shared with Python (plugins/src/plugins/cpu_native/library.py)
 enum {
   CK_HAS_ASIMD = 1 << 0,
   CK_HAS_FP16 = 1 << 1,  // FPHP and ASIMDHP: half-precision arithmetic

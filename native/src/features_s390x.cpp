@@ -5,7 +5,7 @@
 
 #include "features.h"
 
-// feature bits, shared with Python (native.py of each CPU plugin)
+// feature bits, shared with Python (plugins/src/plugins/cpu_native/library.py)
 enum {
   CK_HAS_VX = 1 << 0,    // vector facility (z13)
   CK_HAS_VXE = 1 << 1,   // vector-enhancements facility 1 (z14): vector float32

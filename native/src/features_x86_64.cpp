@@ -6,7 +6,7 @@
 
 #include "features.h"
 
-// feature bits, shared with Python (native.py of each CPU plugin)
+// feature bits, shared with Python (plugins/src/plugins/cpu_native/library.py)
 enum {
   CK_HAS_AVX2 = 1 << 0,
   CK_HAS_FMA = 1 << 1,

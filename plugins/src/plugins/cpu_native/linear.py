@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
-
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
 
 #: GGUF types kept in their blocks, with their native format code
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
@@ -170,7 +169,7 @@ class QuantLinearMixin:
         if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
             return weight
         raise UnsupportedFeature(
-            f"quantization {quantization!r} is not supported by cpu_x86; supported: None, int8, gguf"
+            f"quantization {quantization!r} is not supported by the native CPU kernels; supported: None, int8, gguf"
         )
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
