@@ -1,6 +1,8 @@
 # The two set-up commands of the README:
 #   make serve   install everything and serve the default model on :8000
 #   make test    install everything and run every test suite
+#   make test-xla plugin_tpu's XLA tests on torch_xla's CPU device, in a cached venv of
+#                 torch 2.9.0 + torch_xla 2.9.0 outside the clone (scripts/test-xla.sh)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
@@ -10,7 +12,7 @@ PORT ?= 8000
 SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
 	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test lint dev
+.PHONY: install install-test serve test test-xla lint dev
 
 install: $(VENV)/.installed
 
@@ -32,6 +34,9 @@ serve: install
 
 test: install-test
 	$(PY) -m pytest -q plugins/tests core/tests $(wildcard plugin_*/tests) tests
+
+test-xla:
+	scripts/test-xla.sh
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

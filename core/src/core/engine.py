@@ -197,7 +197,7 @@ class LLMEngine:
                     stop_checker=StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens)
                     if params.stop
                     else None,
-                    generator=None if seed is None else make_generator(seed, self.platform.torch_device()),
+                    generator=None if seed is None else make_generator(seed, self.platform.runner.io_device()),
                 )
             )
         state = RequestState(
@@ -305,7 +305,8 @@ class LLMEngine:
             )
 
     def stats(self) -> dict[str, Any]:
-        """Counters for metrics: queue sizes, KV usage, prefix cache hit rate."""
+        """Counters for metrics: queue sizes, KV usage, prefix cache hit rate, and the
+        platform's own gauges under ``"platform"``."""
         bm = self.block_manager
         return {
             "num_running": self.scheduler.num_running,
@@ -316,4 +317,5 @@ class LLMEngine:
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "platform": self.platform.metrics(),
         }

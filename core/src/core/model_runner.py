@@ -128,18 +128,19 @@ class ModelRunner:
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
                 end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
                 prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device=self.device)
+        runner = self.platform.runner
+        device = runner.io_device()
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device=device)
         inputs = ModelInputs(
-            torch.tensor(ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
+            torch.tensor(ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
             meta,
         )
         with torch.inference_mode():
-            hidden = self.platform.runner.execute(self.model, self.kv_caches, inputs)
-            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-            sample_logits = self.model.compute_logits(hidden.index_select(0, rows))
+            hidden = runner.execute(self.model, self.kv_caches, inputs)
+            sample_logits = runner.compute_logits(self.model, hidden, sample_rows)
             prompt_logits = {
-                seq_id: (first_pos, self.model.compute_logits(hidden[lo:hi]))
+                seq_id: (first_pos, runner.compute_logits(self.model, hidden, list(range(lo, hi))))
                 for seq_id, (first_pos, lo, hi) in prompt_rows.items()
             }
         return StepLogits(sample_logits, sample_seq_ids, prompt_logits)

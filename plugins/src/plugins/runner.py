@@ -80,6 +80,20 @@ class Runner:
         Called once after the KV cache is allocated.
         """
 
+    def io_device(self) -> torch.device:
+        """Where core builds :class:`ModelInputs` and receives logits (so sampling runs there).
+
+        The platform's device by default; a runner that pads its inputs on the host and
+        hands logits back to it (XLA) returns the CPU.
+        """
+        return self.platform.torch_device()
+
+    def compute_logits(self, model: torch.nn.Module, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(rows), vocab]`` of rows ``rows`` of :meth:`execute`'s result,
+        on :meth:`io_device`. Override to run the logits at padded shapes."""
+        index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+        return model.compute_logits(hidden.index_select(0, index))
+
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
         """(optional) override: the batch size to pad a batch to, or None to run as is."""
         return None

