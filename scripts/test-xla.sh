@@ -32,12 +32,12 @@ FILES=$( (git ls-files "${DISTS[@]}" requirements-test.txt 2>/dev/null || find "
 STAMP=$(cat $FILES | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.project-stamp" 2>/dev/null)" != "$STAMP" ]; then
     echo "test-xla: installing ${DISTS[*]} into $VENV"
-    $PIP install --force-reinstall --no-deps "${DISTS[@]/#/./}"
-    $PIP install "${DISTS[@]/#/./}" pytest
+    $PIP install --no-build-isolation --force-reinstall --no-deps "${DISTS[@]/#/./}"
+    $PIP install --no-build-isolation "${DISTS[@]/#/./}" pytest
     echo "$STAMP" > "$VENV/.project-stamp"
 fi
 $PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
 
 export PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1
 export CORE_XLA_CACHE_PATH=${CORE_XLA_CACHE_PATH:-$CACHE/xla-compile-cache}
-exec $PY -m pytest -q -rs plugin_tpu/tests "$@"
+exec $PY -m pytest -q -rs "${@:-plugin_tpu/tests}"

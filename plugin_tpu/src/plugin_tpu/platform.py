@@ -138,9 +138,14 @@ class TpuPlatform(plugins.Platform):
         if self.on_cpu:
             os.environ.setdefault("PJRT_DEVICE", "CPU")
             logger.warning("no TPU: running on torch_xla's CPU device (CORE_TPU_ALLOW_CPU=1), for tests, not speed")
+        import torch_xla
         import torch_xla.runtime as xr
 
         path = os.path.expanduser(self.env["XLA_CACHE_PATH"])
+        # once per process, before the first computation (a second engine in the process reuses it)
+        if torch_xla._XLAC._xla_computation_cache_is_initialized():
+            logger.info("XLA compilation cache already set up in this process; CORE_XLA_CACHE_PATH not applied")
+            return
         os.makedirs(path, exist_ok=True)
         xr.initialize_cache(path, readonly=False)
         logger.info("XLA compilation cache at %s", path)

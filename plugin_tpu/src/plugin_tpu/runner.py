@@ -15,8 +15,10 @@ results. :meth:`TpuRunner.prepare` compiles every shape before the engine is rea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,6 +65,14 @@ def pad_to_host(inputs: ModelInputs, num_tokens: int, num_seqs: int, table_width
         token_tables=token_tables,
         context_lens=context_lens,
     )
+
+
+@contextlib.contextmanager
+def _no_inference_mode() -> Iterator[None]:
+    """Core runs steps under ``torch.inference_mode()``, whose tensors torch_xla cannot
+    use ("Cannot set version_counter for inference tensor"): plain no-grad instead."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _to(meta: XlaAttentionMetadata, device: torch.device) -> XlaAttentionMetadata:
@@ -163,10 +173,14 @@ class TpuRunner(Runner):
         ``(model, kv_caches, inputs)`` with the model and caches :meth:`prepare` bound.
         """
         inputs: ModelInputs = args[-1]
-        import torch_xla
-
         if self.model is None:
             raise RuntimeError("TpuRunner.execute before prepare(): no model bound")
+        with _no_inference_mode():
+            return self._forward(inputs)
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        import torch_xla
+
         num_tokens = padded_size(inputs.num_tokens, self.token_sizes)
         num_seqs = padded_size(inputs.attn_metadata.num_seqs, self.seq_sizes)
         device = self.platform.torch_device()
@@ -186,6 +200,10 @@ class TpuRunner(Runner):
     def _logits(self, rows: list[int]) -> torch.Tensor:
         if self._hidden is None:
             raise RuntimeError("TpuRunner.compute_logits before execute()")
+        with _no_inference_mode():
+            return self._logits_pieces(rows)
+
+    def _logits_pieces(self, rows: list[int]) -> torch.Tensor:
         pieces = [torch.zeros(0, self.model.config.vocab_size)]
         for start in range(0, len(rows), self.seq_sizes[-1]):  # prompt logprobs may ask for more rows
             part = rows[start : start + self.seq_sizes[-1]]
