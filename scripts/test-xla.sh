@@ -36,8 +36,8 @@ if [ "$(cat "$VENV/.project-stamp" 2>/dev/null)" != "$STAMP" ]; then
     $PIP install --no-build-isolation "${DISTS[@]/#/./}" pytest
     echo "$STAMP" > "$VENV/.project-stamp"
 fi
-$PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
 
 export PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1
+$PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
 export CORE_XLA_CACHE_PATH=${CORE_XLA_CACHE_PATH:-$CACHE/xla-compile-cache}
 exec $PY -m pytest -q -rs "${@:-plugin_tpu/tests}"

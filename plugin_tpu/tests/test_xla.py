@@ -136,3 +136,17 @@ def test_warm_up_compiles_each_shape_once_and_serving_compiles_nothing(tiny_llam
     expected = _generate(ref, prompts, max_tokens)
     ref.shutdown()
     assert got == expected
+
+
+def test_default_model_greedy_matches_reference():
+    """The default model (SmolLM2-135M, GGUF) on XLA:CPU against the reference platform."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+    params = core.SamplingParams(temperature=0.0, max_tokens=8)
+
+    def run(device):
+        llm = core.LLM(device=device, dtype="float32", seed=0, **SMALL)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        llm.shutdown()
+        return [o.outputs[0].token_ids for o in outs]
+
+    assert run(TpuPlatform()) == run(Reference())
