@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# `make test-xla`: plugin_tpu's XLA tests on torch_xla's CPU device (PJRT_DEVICE=CPU).
+# `make test-xla`: core's and the SDK's tests on torch 2.9, then plugin_tpu's tests on
+# torch_xla's CPU device (PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1). Arguments: run only
+# those pytest paths/options, on the XLA device.
 #
 # torch_xla 2.9.0 (the newest on PyPI) loads only against torch 2.9.0, which PyPI ships
 # as its CUDA build (~5 GB with the nvidia wheels, ~4.5 min to install): that venv is
@@ -33,11 +35,17 @@ STAMP=$(cat $FILES | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.project-stamp" 2>/dev/null)" != "$STAMP" ]; then
     echo "test-xla: installing ${DISTS[*]} into $VENV"
     $PIP install --no-build-isolation --force-reinstall --no-deps "${DISTS[@]/#/./}"
-    $PIP install --no-build-isolation "${DISTS[@]/#/./}" pytest
+    $PIP install --no-build-isolation "${DISTS[@]/#/./}" -r requirements-test.txt
     echo "$STAMP" > "$VENV/.project-stamp"
 fi
 
-export PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1
 $PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
 export CORE_XLA_CACHE_PATH=${CORE_XLA_CACHE_PATH:-$CACHE/xla-compile-cache}
-exec $PY -m pytest -q -rs "${@:-plugin_tpu/tests}"
+if [ $# -gt 0 ]; then  # only the given tests, on the XLA device
+    PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1 exec $PY -m pytest -q -rs "$@"
+fi
+# core and the SDK on torch 2.9 (the bench test picks --device auto: no CPU plugin in this venv)
+$PY -m pytest -q -p no:cacheprovider plugins/tests core/tests \
+    --deselect core/tests/test_bench_cli.py::test_tiny_throughput_end_to_end
+export PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1
+exec $PY -m pytest -q -rs plugin_tpu/tests

@@ -144,7 +144,7 @@ class TpuPlatform(plugins.Platform):
         path = os.path.expanduser(self.env["XLA_CACHE_PATH"])
         # once per process, before the first computation (a second engine in the process reuses it)
         if torch_xla._XLAC._xla_computation_cache_is_initialized():
-            logger.info("XLA compilation cache already set up in this process; CORE_XLA_CACHE_PATH not applied")
+            logger.debug("XLA compilation cache already initialised in this process")
             return
         os.makedirs(path, exist_ok=True)
         xr.initialize_cache(path, readonly=False)

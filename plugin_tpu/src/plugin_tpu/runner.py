@@ -172,25 +172,22 @@ class TpuRunner(Runner):
         Takes ``(inputs)``; the runner interface before issue 13 passes
         ``(model, kv_caches, inputs)`` with the model and caches :meth:`prepare` bound.
         """
+        import torch_xla
+
         inputs: ModelInputs = args[-1]
         if self.model is None:
             raise RuntimeError("TpuRunner.execute before prepare(): no model bound")
-        with _no_inference_mode():
-            return self._forward(inputs)
-
-    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
-        import torch_xla
-
         num_tokens = padded_size(inputs.num_tokens, self.token_sizes)
         num_seqs = padded_size(inputs.attn_metadata.num_seqs, self.seq_sizes)
         device = self.platform.torch_device()
-        meta = _to(pad_to_host(inputs, num_tokens, num_seqs, self.table_width), device)
-        ids = _pad_ids(inputs.input_ids, num_tokens).to(device)
-        positions = _pad_ids(inputs.positions, num_tokens).to(device)
-        hidden = self.model(ids, positions, self.kv_caches, meta)
-        torch_xla.sync()  # the forward graph ends here: KV writes and hidden states materialised
-        self._hidden = hidden
-        return hidden[: inputs.num_tokens]
+        with _no_inference_mode():
+            meta = _to(pad_to_host(inputs, num_tokens, num_seqs, self.table_width), device)
+            ids = _pad_ids(inputs.input_ids, num_tokens).to(device)
+            positions = _pad_ids(inputs.positions, num_tokens).to(device)
+            hidden = self.model(ids, positions, self.kv_caches, meta)
+            torch_xla.sync()  # the forward graph ends here: KV writes and hidden states materialised
+            self._hidden = hidden
+            return hidden[: inputs.num_tokens]
 
     def compute_logits(self, model: Any, hidden: Any, rows: list[int]) -> torch.Tensor:
         """float32 logits ``[len(rows), vocab]`` on the host, from the last step's padded
@@ -200,14 +197,12 @@ class TpuRunner(Runner):
     def _logits(self, rows: list[int]) -> torch.Tensor:
         if self._hidden is None:
             raise RuntimeError("TpuRunner.compute_logits before execute()")
-        with _no_inference_mode():
-            return self._logits_pieces(rows)
-
-    def _logits_pieces(self, rows: list[int]) -> torch.Tensor:
         pieces = [torch.zeros(0, self.model.config.vocab_size)]
-        for start in range(0, len(rows), self.seq_sizes[-1]):  # prompt logprobs may ask for more rows
-            part = rows[start : start + self.seq_sizes[-1]]
-            size = padded_size(len(part), self.seq_sizes)
-            index = torch.tensor(part + [0] * (size - len(part)), dtype=torch.int64).to(self._hidden.device)
-            pieces.append(self.model.compute_logits(self._hidden.index_select(0, index)).cpu()[: len(part)])
+        step = self.seq_sizes[-1]  # prompt logprobs may ask for more rows than sequences: in pieces
+        with _no_inference_mode():
+            for start in range(0, len(rows), step):
+                part = rows[start : start + step]
+                size = padded_size(len(part), self.seq_sizes)
+                index = torch.tensor(part + [0] * (size - len(part)), dtype=torch.int64).to(self._hidden.device)
+                pieces.append(self.model.compute_logits(self._hidden.index_select(0, index)).cpu()[: len(part)])
         return torch.cat(pieces)
