@@ -39,7 +39,7 @@ if [ "$(cat "$VENV/.project-stamp" 2>/dev/null)" != "$STAMP" ]; then
     echo "$STAMP" > "$VENV/.project-stamp"
 fi
 
-$PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
+PJRT_DEVICE=CPU $PY -c 'import torch, torch_xla; print("test-xla: torch", torch.__version__, "torch_xla", torch_xla.__version__)'
 export CORE_XLA_CACHE_PATH=${CORE_XLA_CACHE_PATH:-$CACHE/xla-compile-cache}
 if [ $# -gt 0 ]; then  # only the given tests, on the XLA device
     PJRT_DEVICE=CPU CORE_TPU_ALLOW_CPU=1 exec $PY -m pytest -q -rs "$@"
