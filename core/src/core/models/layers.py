@@ -47,7 +47,7 @@ def held_bytes(obj: Any, seen: set[int]) -> int:
     if isinstance(obj, torch.Tensor):
         try:
             key, size = obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()
-        except RuntimeError:  # no addressable storage (lazy tensors, e.g. XLA): the tensor object itself
+        except RuntimeError:  # no addressable storage (lazy tensors): the tensor object itself
             key, size = id(obj), obj.nelement() * obj.element_size()
         if key in seen:
             return 0
