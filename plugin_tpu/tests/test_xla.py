@@ -12,6 +12,7 @@ import pytest
 if os.environ.get("PJRT_DEVICE") != "CPU":
     pytest.skip("XLA tests run under `make test-xla` (PJRT_DEVICE=CPU)", allow_module_level=True)
 
+import logging
 import random
 
 import plugins
@@ -114,9 +115,10 @@ def _generate(llm, prompts, max_tokens):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_warm_up_compiles_each_shape_once_and_serving_compiles_nothing(tiny_llama):
+def test_warm_up_compiles_each_shape_once_and_serving_compiles_nothing(tiny_llama, caplog):
     """Greedy tokens equal the reference platform's; warm-up compiles one graph per new
-    shape; a burst of 32 mixed-length requests afterwards compiles none."""
+    shape; a burst of 32 mixed-length requests afterwards compiles none; a compile after
+    the warm-up is logged."""
     platform = TpuPlatform()
     tpu = core.LLM(model=tiny_llama, device=platform, dtype="float32", skip_tokenizer_init=True, seed=0, **SMALL)
     runner = platform.runner
@@ -130,6 +132,10 @@ def test_warm_up_compiles_each_shape_once_and_serving_compiles_nothing(tiny_llam
     got = _generate(tpu, prompts, max_tokens)
     assert compile_count() - before == 0, "a graph was compiled while serving"
     assert tpu.engine.stats()["platform"] == {"xla_compilations": compile_count()}
+    with caplog.at_level(logging.WARNING, logger="plugin_tpu.runner"):
+        (torch.ones(5).to(torch_xla.device()) * 3).cpu()  # a graph of a shape no step has: a compile
+        _generate(tpu, [[1, 2]], [1])
+    assert "XLA compiled 1 graph(s) while serving (forward of 16 tokens)" in caplog.text
     tpu.shutdown()
 
     ref = core.LLM(model=tiny_llama, device=Reference(), dtype="float32", skip_tokenizer_init=True, seed=0, **SMALL)

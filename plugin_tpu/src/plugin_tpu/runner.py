@@ -100,6 +100,7 @@ class TpuRunner(Runner):
         self._hidden: torch.Tensor | None = None  # the last step's padded hidden states, on the device
         #: graphs compiled per warm-up shape ``(kind, tokens, sequences or rows)``
         self.warm_up_compiles: dict[tuple[str, int, int], int] = {}
+        self._compiled: int | None = None  # compile count once warm: any rise after it is logged
 
     def io_device(self) -> torch.device:
         """Core builds inputs and samples on the host: padding happens there, not in a graph."""
@@ -136,7 +137,7 @@ class TpuRunner(Runner):
             sizes = self.logits_sizes(tokens)
             shapes += [("forward", tokens, seqs) for seqs in (sizes if per_seqs else sizes[:1])]
             shapes += [("logits", tokens, rows) for rows in sizes]
-        self.warm_up_compiles = {}
+        self.warm_up_compiles, self._compiled = {}, None
         start = time.perf_counter()
         for shape in tqdm(shapes, desc="XLA warm-up", unit="graph"):
             kind, tokens, size = shape
@@ -154,6 +155,13 @@ class TpuRunner(Runner):
             self.token_sizes,
             self.seq_sizes,
         )
+        self._compiled = compile_count()
+
+    def _note_recompile(self, what: str) -> None:
+        """Log a graph compiled after the warm-up (a stall for every request in flight)."""
+        if self._compiled is not None and (count := compile_count()) > self._compiled:
+            logger.warning("XLA compiled %d graph(s) while serving (%s)", count - self._compiled, what)
+            self._compiled = count
 
     @staticmethod
     def _dummy_inputs(num_tokens: int, num_seqs: int) -> ModelInputs:
@@ -187,6 +195,7 @@ class TpuRunner(Runner):
             hidden = self.model(ids, positions, self.kv_caches, meta)
             torch_xla.sync()  # the forward graph ends here: KV writes and hidden states materialised
             self._hidden = hidden
+            self._note_recompile(f"forward of {num_tokens} tokens")
             return hidden[: inputs.num_tokens]
 
     def compute_logits(self, model: Any, hidden: Any, rows: list[int]) -> torch.Tensor:
@@ -205,4 +214,5 @@ class TpuRunner(Runner):
                 size = padded_size(len(part), self.seq_sizes)
                 index = torch.tensor(part + [0] * (size - len(part)), dtype=torch.int64).to(self._hidden.device)
                 pieces.append(self.model.compute_logits(self._hidden.index_select(0, index)).cpu()[: len(part)])
+                self._note_recompile(f"logits of {size} rows")
         return torch.cat(pieces)
