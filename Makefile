@@ -3,6 +3,7 @@
 #   make test    install everything and run every test suite
 #   make test-xla plugin_tpu's XLA tests on torch_xla's CPU device, in a cached venv of
 #                 torch 2.9.0 + torch_xla 2.9.0 outside the clone (scripts/test-xla.sh)
+#   make test-docker  build docker/Dockerfile.cpu and check the served image end to end
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
@@ -12,7 +13,7 @@ PORT ?= 8000
 SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
 	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test test-xla lint dev
+.PHONY: install install-test serve test test-xla test-docker lint dev
 
 install: $(VENV)/.installed
 
@@ -37,6 +38,9 @@ test: install-test
 
 test-xla:
 	scripts/test-xla.sh
+
+test-docker:
+	docker/test.sh
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

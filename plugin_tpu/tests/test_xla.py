@@ -15,7 +15,6 @@ if os.environ.get("PJRT_DEVICE") != "CPU":
 import logging
 import random
 
-import plugins
 import torch
 import torch_xla
 from plugin_tpu.kernels import XlaKernels
@@ -23,40 +22,25 @@ from plugin_tpu.platform import TpuPlatform
 from plugin_tpu.runner import compile_count, pad_to_host
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
+from plugins.reference import ReferencePlatform, tiny_model_config
 from plugins.runner import ModelInputs
 
 import core
 
+VOCAB = 320
 SMALL = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 128, "block_size": 16}
-
-
-class Reference(plugins.Platform):
-    """The SDK's reference kernels on the CPU: the yardstick."""
-
-    name = "reference"
-    device_type = "cpu"
-
-    def is_available(self) -> bool:
-        return True
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    """A 2-layer random Llama (vocabulary 320: its graphs are its own in this process)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The shared tiny random Llama (:func:`plugins.reference.tiny_model_config`) with a
+    vocabulary of its own (320): the conformance kit's tiny Llama compiles the same logits
+    graphs in this process, which would leave the warm-up nothing to compile."""
+    from transformers import LlamaForCausalLM
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(tiny_model_config(vocab_size=VOCAB))
     with torch.no_grad():  # larger than the default init so greedy tokens vary from step to step
         for param in model.parameters():
             param.normal_(0, 0.5 if param.dim() > 1 else 0.02).add_(1.0 if param.dim() == 1 else 0.0)
@@ -106,7 +90,7 @@ def test_padded_attention_matches_reference():
 
 def _prompts(count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(1, 320) for _ in range(rng.randint(1, 60))] for _ in range(count)]
+    return [[rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 60))] for _ in range(count)]
 
 
 def _generate(llm, prompts, max_tokens):
@@ -138,7 +122,9 @@ def test_warm_up_compiles_each_shape_once_and_serving_compiles_nothing(tiny_llam
     assert "XLA compiled 1 graph(s) while serving (forward of 16 tokens)" in caplog.text
     tpu.shutdown()
 
-    ref = core.LLM(model=tiny_llama, device=Reference(), dtype="float32", skip_tokenizer_init=True, seed=0, **SMALL)
+    ref = core.LLM(
+        model=tiny_llama, device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True, seed=0, **SMALL
+    )
     expected = _generate(ref, prompts, max_tokens)
     ref.shutdown()
     assert got == expected
@@ -155,4 +141,4 @@ def test_default_model_greedy_matches_reference():
         llm.shutdown()
         return [o.outputs[0].token_ids for o in outs]
 
-    assert run(TpuPlatform()) == run(Reference())
+    assert run(TpuPlatform()) == run(ReferencePlatform())

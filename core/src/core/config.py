@@ -1,14 +1,15 @@
-"""Engine configuration: one dataclass, shared by the CLI, the server and ``LLM``."""
+"""The user's engine settings: one dataclass, shared by the CLI, the server and ``LLM``.
+
+They are validated and settled (platform overrides, dtype, lengths) once, by
+:func:`core.resolve.resolve_engine`, into the read-only :class:`plugins.EngineConfigView`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
 from dataclasses import dataclass
-from typing import Any
 
-logger = logging.getLogger(__name__)
+from plugins import Platform
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -18,7 +19,7 @@ class EngineConfig:
     """Settings of one engine. Field names follow vLLM's engine arguments."""
 
     model: str | None = None  # HF directory, .gguf file or hub id; None = the default model
-    device: str = "auto"
+    device: str | Platform | type[Platform] = "auto"  # a plugin name, "auto", or a Platform (class or instance)
     dtype: str = "auto"  # auto = the platform's first supported dtype
     quantization: str | None = None  # None, "int8" (weight-only) or "gguf" (kept as in the file)
     max_model_len: int | None = None  # None = the model's own limit
@@ -33,35 +34,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
 
-    def validate(self) -> None:
-        """Reject impossible settings with a message naming the field."""
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-
-    def apply_overrides(self, overrides: dict[str, Any], source: str) -> None:
-        """Merge a platform's ``check_config`` overrides, logging each change."""
-        fields = {f.name for f in dataclasses.fields(self)}
-        for key, value in overrides.items():
-            if key not in fields:
-                raise ValueError(f"{source} overrides unknown engine setting {key!r}")
-            if getattr(self, key) != value:
-                logger.info("%s sets %s=%r (was %r)", source, key, value, getattr(self, key))
-                setattr(self, key, value)
-        self.validate()
-
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add vLLM's engine flags (DESIGN.md §6) to ``parser``."""
+    """Add vLLM's engine flags to ``parser``."""
     d = EngineConfig()
     parser.add_argument(
         "model",
@@ -115,5 +90,4 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_name=args.served_model_name,
     )
-    config.validate()
     return config

@@ -33,8 +33,8 @@ class LLM:
         skip_tokenizer_init: bool = False,
         **engine_kwargs: Any,
     ) -> None:
-        config = EngineConfig(model=model, device=device if isinstance(device, str) else "auto", **engine_kwargs)
-        self.engine = LLMEngine(config, platform=device, skip_tokenizer_init=skip_tokenizer_init)
+        config = EngineConfig(model=model, device=device, **engine_kwargs)
+        self.engine = LLMEngine(config, skip_tokenizer_init=skip_tokenizer_init)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:

@@ -10,12 +10,11 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
-from plugins import Platform
+from plugins import EngineConfigView, Platform
 from plugins.attention import AttentionMetadata
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
 
-from core.config import EngineConfig
 from core.loader import LoadedModel
 from core.scheduler import ScheduledSeq
 
@@ -35,12 +34,12 @@ class StepLogits:
 class ModelRunner:
     """Runs the model of ``loaded`` on ``platform`` for batches chosen by the scheduler."""
 
-    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfig, dtype: torch.dtype) -> None:
+    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfigView) -> None:
         self.platform = platform
         self.loaded = loaded
         self.model = loaded.model
         self.config = config
-        self.dtype = dtype
+        self.dtype = config.torch_dtype
         self.device = platform.torch_device()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -76,14 +75,16 @@ class ModelRunner:
         meta = AttentionMetadata.build(lens, lens, tables, self.config.block_size, device=self.device)
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        with torch.inference_mode():
-            hidden = self.platform.runner.execute(self.model, caches, ModelInputs(ids, positions, meta))
+        runner = self.platform.runner
+        with runner.grad_mode():
+            hidden = runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
             self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         self.platform.synchronize()
 
-    def plan_and_allocate_kv_cache(self) -> KVCachePlan:
-        """Profile (if the platform's profiler needs it), ask the platform how many blocks fit,
-        allocate them, prepare the runner."""
+    def plan_kv_cache(self) -> KVCachePlan:
+        """The KV plan, settled once: the profile pass (if the platform's profiler needs it),
+        the platform's budget in blocks, then core's bounds (enough for one full-length
+        sequence, no more than can ever be used)."""
         memory = self.platform.memory
         peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
         plan = memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
@@ -102,9 +103,12 @@ class ModelRunner:
                 f"sequence of max_model_len={self.config.max_model_len} needs {min_blocks}: give the KV cache more "
                 "memory or lower --max-model-len"
             )
-        self.kv_caches = self._allocate(plan.num_blocks)
-        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
         return plan
+
+    def allocate_and_prepare(self, num_blocks: int) -> None:
+        """Allocate the KV cache and bind it, with the model, to the platform's runner."""
+        self.kv_caches = self._allocate(num_blocks)
+        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
 
     # -- one step -----------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
@@ -136,11 +140,11 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.long, device=device),
             meta,
         )
-        with torch.inference_mode():
-            hidden = runner.execute(self.model, self.kv_caches, inputs)
-            sample_logits = runner.compute_logits(self.model, hidden, sample_rows)
+        with runner.grad_mode():
+            hidden = runner.execute(inputs)
+            sample_logits = runner.compute_logits(hidden, sample_rows)
             prompt_logits = {
-                seq_id: (first_pos, runner.compute_logits(self.model, hidden, list(range(lo, hi))))
+                seq_id: (first_pos, runner.compute_logits(hidden, list(range(lo, hi))))
                 for seq_id, (first_pos, lo, hi) in prompt_rows.items()
             }
         return StepLogits(sample_logits, sample_seq_ids, prompt_logits)

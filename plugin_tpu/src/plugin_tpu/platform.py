@@ -12,7 +12,7 @@ from typing import Any
 
 import plugins
 from plugins import EnvVar
-from plugins.memory import GiB, MemoryProfiler, host_memory
+from plugins.memory import GiB, MemoryProfiler, gpu_kv_budget, host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +79,15 @@ class XlaMemoryProfiler(MemoryProfiler):
 
         return torch.zeros(shape, dtype=dtype).to(device)
 
-    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
+    def kv_cache_budget(self, config: plugins.EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
         """``config.kv_cache_bytes`` if set; else ``gpu_memory_utilization`` of the HBM
         minus what is in use now (the weights)."""
         if self.platform.on_cpu or config.kv_cache_bytes:
             return super().kv_cache_budget(config, peak_activation_bytes)
         total, free = self._info()
-        used = total - free
-        budget = max(0, int(total * config.gpu_memory_utilization) - used)
+        budget = gpu_kv_budget(total, free, 0, config.gpu_memory_utilization)
         return budget, (
-            f"{config.gpu_memory_utilization:.0%} of {total / GiB:.1f} GiB HBM minus {used / GiB:.2f} GiB in use"
+            f"{config.gpu_memory_utilization:.0%} of {total / GiB:.1f} GiB HBM minus {(total - free) / GiB:.2f} GiB in use"
         )
 
 
@@ -98,7 +97,7 @@ class TpuPlatform(plugins.Platform):
     name = "tpu"
     device_type = "xla"
     priority = 90
-    api_version = 1
+    api_version = 2
     supported_dtypes = ("bfloat16", "float32")
     distributed_backend = "xla"
     env_vars = (
@@ -117,9 +116,6 @@ class TpuPlatform(plugins.Platform):
             allow_cpu,
         )
 
-    def is_available(self) -> bool:
-        return self.unavailable_reason() is None
-
     def unavailable_reason(self) -> str | None:
         return self._reason(self.env["TPU_ALLOW_CPU"])
 
@@ -134,7 +130,7 @@ class TpuPlatform(plugins.Platform):
         chips = sorted(glob.glob("/dev/accel[0-9]*")) or sorted(glob.glob("/dev/vfio/[0-9]*"))
         return {"name": os.environ.get("TPU_ACCELERATOR_TYPE") or "TPU", "count": len(chips)}
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: plugins.EngineConfigView) -> None:
         if self.on_cpu:
             os.environ.setdefault("PJRT_DEVICE", "CPU")
             logger.warning("no TPU: running on torch_xla's CPU device (CORE_TPU_ALLOW_CPU=1), for tests, not speed")

@@ -15,14 +15,13 @@ results. :meth:`TpuRunner.prepare` compiles every shape before the engine is rea
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner
 from tqdm import tqdm
 
@@ -67,14 +66,6 @@ def pad_to_host(inputs: ModelInputs, num_tokens: int, num_seqs: int, table_width
     )
 
 
-@contextlib.contextmanager
-def _no_inference_mode() -> Iterator[None]:
-    """Core runs steps under ``torch.inference_mode()``, whose tensors torch_xla cannot
-    use ("Cannot set version_counter for inference tensor"): plain no-grad instead."""
-    with torch.inference_mode(False), torch.no_grad():
-        yield
-
-
 def _to(meta: XlaAttentionMetadata, device: torch.device) -> XlaAttentionMetadata:
     tensors = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping", "token_tables", "context_lens")
     moved = {name: getattr(meta, name).to(device) for name in tensors}
@@ -92,8 +83,6 @@ class TpuRunner(Runner):
 
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
-        self.model: Any = None
-        self.kv_caches: list[Any] = []
         self.token_sizes: list[int] = []
         self.seq_sizes: list[int] = []
         self.table_width = 0
@@ -106,12 +95,17 @@ class TpuRunner(Runner):
         """Core builds inputs and samples on the host: padding happens there, not in a graph."""
         return torch.device("cpu")
 
-    def prepare(self, model: Any, kv_caches: list[Any], config: Any) -> None:
+    def grad_mode(self) -> torch.no_grad:
+        """``torch.no_grad()``: torch_xla cannot use inference tensors ("Cannot set
+        version_counter for inference tensor"), which ``torch.inference_mode()`` makes."""
+        return torch.no_grad()
+
+    def prepare(self, model: Any, kv_caches: list[Any], config: EngineConfigView) -> None:
         """Bind the model and caches, choose the padded sizes, compile every shape."""
         import torch_xla
 
+        super().prepare(model, kv_caches, config)
         torch_xla.sync()  # what loading left pending (fused weights, the rope table) becomes device data
-        self.model, self.kv_caches = model, kv_caches
         self.table_width = -(-config.max_model_len // config.block_size)
         self.token_sizes = token_paddings(
             config.max_num_batched_tokens, padding_gap=self.platform.env["TPU_BUCKET_PADDING_GAP"]
@@ -139,14 +133,15 @@ class TpuRunner(Runner):
             shapes += [("logits", tokens, rows) for rows in sizes]
         self.warm_up_compiles, self._compiled = {}, None
         start = time.perf_counter()
-        for shape in tqdm(shapes, desc="XLA warm-up", unit="graph"):
-            kind, tokens, size = shape
-            before = compile_count()
-            if kind == "forward":
-                self.execute(self._dummy_inputs(tokens, size))
-            else:
-                self._logits([0] * size)
-            self.warm_up_compiles[shape] = compile_count() - before
+        with self.grad_mode():
+            for shape in tqdm(shapes, desc="XLA warm-up", unit="graph"):
+                kind, tokens, size = shape
+                before = compile_count()
+                if kind == "forward":
+                    self.execute(self._dummy_inputs(tokens, size))
+                else:
+                    self._logits([0] * size)
+                self.warm_up_compiles[shape] = compile_count() - before
         logger.info(
             "XLA warm-up: %d graphs compiled in %.1f s for %d shapes (token sizes %s, sequence/row sizes %s)",
             sum(self.warm_up_compiles.values()),
@@ -174,45 +169,39 @@ class TpuRunner(Runner):
         zeros = torch.zeros(num_tokens, dtype=torch.int64)
         return ModelInputs(zeros, zeros, meta)
 
-    def execute(self, *args: Any) -> torch.Tensor:
-        """Pad, run the forward graph of the padded token count, return the real tokens' rows.
-
-        Takes ``(inputs)``; the runner interface before issue 13 passes
-        ``(model, kv_caches, inputs)`` with the model and caches :meth:`prepare` bound.
-        """
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        """Pad, run the forward graph of the padded token count, return the real tokens' rows."""
         import torch_xla
 
-        inputs: ModelInputs = args[-1]
         if self.model is None:
-            raise RuntimeError("TpuRunner.execute before prepare(): no model bound")
+            raise RuntimeError("TpuRunner.execute() called before prepare()")
         num_tokens = padded_size(inputs.num_tokens, self.token_sizes)
         num_seqs = padded_size(inputs.attn_metadata.num_seqs, self.seq_sizes)
         device = self.platform.torch_device()
-        with _no_inference_mode():
-            meta = _to(pad_to_host(inputs, num_tokens, num_seqs, self.table_width), device)
-            ids = _pad_ids(inputs.input_ids, num_tokens).to(device)
-            positions = _pad_ids(inputs.positions, num_tokens).to(device)
-            hidden = self.model(ids, positions, self.kv_caches, meta)
-            torch_xla.sync()  # the forward graph ends here: KV writes and hidden states materialised
-            self._hidden = hidden
-            self._note_recompile(f"forward of {num_tokens} tokens")
-            return hidden[: inputs.num_tokens]
+        meta = _to(pad_to_host(inputs, num_tokens, num_seqs, self.table_width), device)
+        ids = _pad_ids(inputs.input_ids, num_tokens).to(device)
+        positions = _pad_ids(inputs.positions, num_tokens).to(device)
+        hidden = self.model(ids, positions, self.kv_caches, meta)
+        torch_xla.sync()  # the forward graph ends here: KV writes and hidden states materialised
+        self._hidden = hidden
+        self._note_recompile(f"forward of {num_tokens} tokens")
+        return hidden[: inputs.num_tokens]
 
-    def compute_logits(self, model: Any, hidden: Any, rows: list[int]) -> torch.Tensor:
-        """float32 logits ``[len(rows), vocab]`` on the host, from the last step's padded
-        hidden states (``model`` and ``hidden``, the unpadded view, are not needed)."""
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(rows), vocab]`` on the host for rows of the last
+        :meth:`execute`'s result ``hidden``: computed from its padded hidden states, at
+        padded row counts, so the graph's shape is one the warm-up compiled."""
         return self._logits(rows)
 
     def _logits(self, rows: list[int]) -> torch.Tensor:
         if self._hidden is None:
-            raise RuntimeError("TpuRunner.compute_logits before execute()")
-        pieces = [torch.zeros(0, self.model.config.vocab_size)]
+            raise RuntimeError("TpuRunner.compute_logits() called before execute()")
+        pieces = []
         step = self.seq_sizes[-1]  # prompt logprobs may ask for more rows than sequences: in pieces
-        with _no_inference_mode():
-            for start in range(0, len(rows), step):
-                part = rows[start : start + step]
-                size = padded_size(len(part), self.seq_sizes)
-                index = torch.tensor(part + [0] * (size - len(part)), dtype=torch.int64).to(self._hidden.device)
-                pieces.append(self.model.compute_logits(self._hidden.index_select(0, index)).cpu()[: len(part)])
-                self._note_recompile(f"logits of {size} rows")
+        for start in range(0, max(len(rows), 1), step):  # no rows: one padded piece, cut to none
+            part = rows[start : start + step]
+            size = padded_size(max(len(part), 1), self.seq_sizes)
+            index = torch.tensor(part + [0] * (size - len(part)), dtype=torch.int64).to(self._hidden.device)
+            pieces.append(self.model.compute_logits(self._hidden.index_select(0, index)).cpu()[: len(part)])
+            self._note_recompile(f"logits of {size} rows")
         return torch.cat(pieces)
