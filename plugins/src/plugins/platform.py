@@ -147,6 +147,12 @@ class Platform:
     def synchronize(self) -> None:
         """(optional) override: wait for queued device work (used by timing and profiling)."""
 
+    def metrics(self) -> dict[str, float]:
+        """(optional) override: the platform's own gauges ``{name: value}`` (e.g. graphs
+        compiled so far); the server's ``/metrics`` shows each as ``core:platform_<name>``.
+        Called after every engine step: must be cheap."""
+        return {}
+
     def get_extension(self, name: str) -> Any | None:
         """(optional) override: a device-specific extra by name, or None if not provided.
 

@@ -72,6 +72,10 @@ class _EngineStatsCollector:
             counter = CounterMetricFamily(name, doc, labels=names)
             counter.add_metric(values, float(value))
             yield counter
+        for name, value in s.get("platform", {}).items():
+            gauge = GaugeMetricFamily(f"core:platform_{name}", "Reported by the device platform.", labels=names)
+            gauge.add_metric(values, float(value))
+            yield gauge
 
 
 def _ratio(stats: dict[str, Any]) -> float:
