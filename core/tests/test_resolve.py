@@ -79,6 +79,15 @@ def test_resolution_names_what_cannot_work(model_dir, settings, overrides, messa
         resolve_engine(EngineConfig(model=str(model_dir), device=Host(overrides), **settings))
 
 
+@pytest.mark.parametrize("alias,dtype", [("float", "float32"), ("half", "float16")])
+def test_vllm_dtype_spellings(model_dir, alias, dtype):
+    host = Host()
+    host.supported_dtypes = ("float32", "float16")
+    assert resolve_engine(EngineConfig(model=str(model_dir), device=host, dtype=alias)).config.dtype == dtype
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16, float, half"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=host, dtype="double"))
+
+
 def test_device_may_be_a_platform_class(model_dir):
     assert isinstance(resolve_engine(EngineConfig(model=str(model_dir), device=Host)).platform, Host)
 
