@@ -43,14 +43,15 @@ fi
 run -c 'import platform, sys; print("aarch64 python", sys.version.split()[0], platform.machine())'
 
 # the site is rebuilt when a source it is made from changes
-key=$(find plugins/src core/src plugin_cpu_arm/src plugin_cpu_arm/*.* native/src native/*.cmake -type f \
+key=$(find plugins/src core/src plugin_cpu_arm/src plugin_cpu_arm/pyproject.toml plugin_cpu_arm/CMakeLists.txt \
+    native/src native/*.cmake -type f \
     -not -name '*.pyc' -not -path '*egg-info*' | sort | xargs sha1sum | sha1sum | cut -c1-16)
 if [ "$(cat "$SITE/.installed" 2>/dev/null)" != "$key" ]; then
     rm -rf "$SITE"
     # pure-Python distributions (the wheels pip builds here are py3-none-any) and pluggy
-    python3 -m pip install -q --no-deps --target "$SITE" ./plugins ./core pluggy
+    python3 -m pip install -q --root-user-action=ignore --no-deps --target "$SITE" ./plugins ./core pluggy
     # plugin_cpu_arm with its library cross-built for aarch64 (scikit-build-core passes CMAKE_ARGS to CMake)
     CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$PWD/native/toolchains/aarch64.cmake" \
-        python3 -m pip install -q --no-deps --target "$SITE" ./plugin_cpu_arm
+        python3 -m pip install -q --root-user-action=ignore --no-deps --target "$SITE" ./plugin_cpu_arm
     echo "$key" >"$SITE/.installed"
 fi
