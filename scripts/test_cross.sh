@@ -4,7 +4,7 @@
 # CPU model of the target's toolchain file (native/toolchains/): every ISA path the model
 # runs is checked against the scalar reference. Installs the cross compilers and
 # qemu-user with apt when missing. Prints one summary line per target and CPU model;
-# exits non-zero when a test fails.
+# exits non-zero when a test fails. Then `core devices` on an aarch64 Python under qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +34,21 @@ for target in aarch64 s390x; do
     grep -E '^[0-9]+: (FAIL|qemu)' <<<"$out" | grep FAIL || true
     while IFS= read -r line; do summary+=("$target ${line#*: }"); done < <(grep -E '^[0-9]+: qemu -cpu' <<<"$out")
     grep -q 'qemu -cpu' <<<"$out" || { echo "$target: no test ran"; echo "$out" | tail -20; status=1; }
+done
+
+# plugin_cpu_arm installed on an aarch64 Python (scripts/aarch64_env.sh, cached under build/):
+# `core devices` under qemu must list it available, with the kernel variant each CPU model runs
+scripts/aarch64_env.sh >/dev/null
+for check in max:neon_bf16 cortex-a72:neon; do
+    cpu=${check%%:*} isa=${check#*:}
+    line=$(QEMU_CPU=$cpu scripts/aarch64_env.sh run -c 'import sys; from core.cli import main; sys.exit(main(["devices"]))' |
+        grep '^cpu_arm' || true)
+    if grep -qE "available .*kernel_isa=$isa\b" <<<"$line"; then
+        summary+=("aarch64 python -cpu $cpu: core devices lists cpu_arm available, kernel_isa=$isa")
+    else
+        summary+=("aarch64 python -cpu $cpu: FAIL, core devices says: ${line:-nothing for cpu_arm}")
+        status=1
+    fi
 done
 printf '%s\n' "${summary[@]}"
 exit $status

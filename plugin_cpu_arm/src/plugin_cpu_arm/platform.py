@@ -15,11 +15,11 @@ from typing import Any
 import plugins
 from plugins.cpu_native.library import IsaTable
 from plugins.cpu_native.platform import NativeCpuPlatform, native_env_vars
-from plugins.host import cpuinfo_features, read_text
+from plugins.host import hwcaps
 
 logger = logging.getLogger(__name__)
 
-#: ``/proc/cpuinfo`` feature names of the ISA extensions the kernels can use
+#: the ISA extensions the kernels can use, by their ``/proc/cpuinfo`` feature names
 ISA_FLAGS = {
     "neon": "asimd",
     "fp16": "asimdhp",
@@ -29,6 +29,9 @@ ISA_FLAGS = {
     "sve": "sve",
     "sve2": "sve2",
 }
+#: ``AT_HWCAP`` / ``AT_HWCAP2`` bits (Linux arch/arm64/include/uapi/asm/hwcap.h) by the same names
+HWCAP_NAMES = {1 << 1: "asimd", 1 << 10: "asimdhp", 1 << 20: "asimddp", 1 << 22: "sve"}
+HWCAP2_NAMES = {1 << 1: "sve2", 1 << 13: "i8mm", 1 << 14: "bf16"}
 
 #: the library's variants (native/src/features_aarch64.cpp), features named as ISA_FLAGS' keys
 ISA_TABLE = IsaTable(
@@ -50,17 +53,23 @@ ISA_TABLE = IsaTable(
 )
 
 
-def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, bool]]:
-    """Decide availability from ``platform.machine()`` and ``/proc/cpuinfo`` text.
+def hwcap_features(hwcap: int, hwcap2: int) -> set[str]:
+    """The feature names of :data:`ISA_FLAGS` that the hwcap words report."""
+    words = ((hwcap, HWCAP_NAMES), (hwcap2, HWCAP2_NAMES))
+    return {name for word, names in words for bit, name in names.items() if word & bit}
+
+
+def probe(machine: str, features: set[str]) -> tuple[str | None, dict[str, bool]]:
+    """Decide availability from ``platform.machine()`` and the CPU's feature names (those of
+    ``/proc/cpuinfo``; read from the hwcaps, which qemu-user emulates and cpuinfo it does not).
 
     :return: ``(reason it is unavailable or None, ISA flags)``.
     """
-    features = cpuinfo_features(cpuinfo)
-    flags = {name: feature in features for name, feature in ISA_FLAGS.items()}
     if machine.lower() not in ("aarch64", "arm64"):
-        return f"host CPU is {machine or 'unknown'}, not aarch64", flags
+        return f"host CPU is {machine or 'unknown'}, not aarch64", dict.fromkeys(ISA_FLAGS, False)
+    flags = {name: feature in features for name, feature in ISA_FLAGS.items()}
     if not flags["neon"]:
-        return "aarch64 CPU without NEON (no 'asimd' in /proc/cpuinfo Features)", flags
+        return "aarch64 CPU without NEON (no 'asimd' in the kernel's hwcaps)", flags
     return None, flags
 
 
@@ -76,7 +85,7 @@ class CpuArmPlatform(NativeCpuPlatform):
     env_vars = native_env_vars(ISA_TABLE)
 
     def _probe(self) -> tuple[str | None, dict[str, bool]]:
-        return probe(_platform.machine(), read_text("/proc/cpuinfo"))
+        return probe(_platform.machine(), hwcap_features(*hwcaps()))
 
     def host_unavailable_reason(self) -> str | None:
         return self._probe()[0]
