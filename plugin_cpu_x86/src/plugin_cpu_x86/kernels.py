@@ -8,6 +8,7 @@ bound once at construction, on the tensors' data pointers.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -16,6 +17,8 @@ from plugins.kernels import Kernels
 
 from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugin_cpu_x86.native import NativeLib
+
+logger = logging.getLogger(__name__)
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -54,6 +57,7 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         self.lib = NativeLib(isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
+        self._logged_window = False
 
     @property
     def isa(self) -> str:
@@ -154,7 +158,13 @@ class CpuX86Kernels(QuantLinearMixin, Kernels):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
+        if sliding_window is not None:  # the native kernel attends to the whole context
+            if not self._logged_window:
+                logger.info("cpu_x86: sliding-window attention layers run the torch reference kernel")
+                self._logged_window = True
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
         dt = NATIVE_DTYPES.get(q.dtype)
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]

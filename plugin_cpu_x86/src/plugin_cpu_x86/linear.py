@@ -6,7 +6,8 @@ multiplies them into the float32 activations, so the result is the float32 produ
 the dequantized weights (csrc/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
 repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
 activations to int8 per block of 32, as llama.cpp does (csrc/quant.cpp: faster, not exact).
-Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
+Other GGUF types are dequantized once at load: the K-quants (Q4_K, Q5_K, Q6_K) and
+Q5_0/Q5_1 with the SDK's torch reference (:mod:`plugins.gguf_quants`), the rest with
 ``gguf.quants.dequantize``.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from plugins.errors import UnsupportedFeature
+from plugins.gguf_quants import FORMATS
 from plugins.kernels import GGUFWeight
 
 from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
@@ -134,7 +136,7 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
 
 
 def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
-    """Keep Q8_0/Q4_0/Q4_1 blocks as they are; dequantize every other GGUF type to float32."""
+    """Keep Q8_0/Q4_0/Q4_1 blocks as they are; dequantize every other GGUF type to float32 (once, at load)."""
     data = weight.data.reshape(weight.rows, -1).contiguous()
     code = NATIVE_GGUF.get(weight.qtype)
     if code is not None and weight.cols % 32 == 0:
@@ -145,6 +147,8 @@ def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
                 f"got {data.shape[1]}"
             )
         return QuantizedWeight(weight.qtype, code, data, None, weight.rows, weight.cols)
+    if weight.qtype in FORMATS:  # the K-quants and Q5_0/Q5_1: the SDK's torch dequantization
+        return weight.dequantize()
     import gguf
 
     try:
