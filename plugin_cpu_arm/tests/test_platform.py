@@ -49,3 +49,14 @@ def test_this_machine_never_raises():
 
 def test_identity():
     assert (CpuArmPlatform.name, CpuArmPlatform.device_type, CpuArmPlatform.priority) == ("cpu_arm", "cpu", 10)
+
+
+def test_kernel_isa_from_flags_or_why_not():
+    """The variant CPU_KERNEL_ISA picks from the probed flags; off aarch64 (no library) the reason."""
+    plat = CpuArmPlatform()
+    isa = plat.device_info()["kernel_isa"]
+    if platform.machine() != "aarch64":
+        assert isa.startswith("unavailable: plugin_cpu_arm's native library _carm.so is missing")
+        return
+    assert isa in ("neon_bf16", "neon_dotprod", "neon", "scalar")
+    assert plat.is_available()

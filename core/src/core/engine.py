@@ -55,6 +55,7 @@ class LLMEngine:
             device=self.platform.torch_device(),
             quantization=config.quantization,
             skip_tokenizer_init=skip_tokenizer_init,
+            byte_order=self.platform.byte_order,
         )
         self.tokenizer = self.loaded.tokenizer
         self.runner = ModelRunner(self.platform, self.loaded, config)

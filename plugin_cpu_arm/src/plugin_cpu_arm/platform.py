@@ -1,4 +1,9 @@
-"""The ARM AArch64 CPU backend: Linux on aarch64 with NEON (Advanced SIMD)."""
+"""The ARM AArch64 CPU backend: Linux on aarch64 with NEON (Advanced SIMD).
+
+Its kernels, their library and the fused runner are native/'s, shared with cpu_x86 and
+s390x (:class:`plugins.cpu_native.platform.NativeCpuPlatform`); binding, the ``CPU_*``
+variables and the KV budget are the CPU family's (:class:`plugins.cpu.CpuPlatform`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import platform as _platform
 from typing import Any
 
 import plugins
-from plugins.cpu import CpuPlatform
+from plugins.cpu_native.library import IsaTable
+from plugins.cpu_native.platform import NativeCpuPlatform, native_env_vars
 from plugins.host import cpuinfo_features, read_text
 
 logger = logging.getLogger(__name__)
@@ -23,6 +29,25 @@ ISA_FLAGS = {
     "sve": "sve",
     "sve2": "sve2",
 }
+
+#: the library's variants (native/src/features_aarch64.cpp), features named as ISA_FLAGS' keys
+ISA_TABLE = IsaTable(
+    module="plugin_cpu_arm._carm",
+    feature_bits=("neon", "fp16", "dotprod", "bf16", "sve"),
+    requirements={
+        "neon_bf16": ("neon", "dotprod", "fp16", "bf16"),
+        "neon_dotprod": ("neon", "dotprod"),
+        "neon": ("neon",),
+        "scalar": (),
+    },
+    choices={
+        "auto": ("neon_bf16", "neon_dotprod", "neon", "scalar"),
+        "neon_bf16": ("neon_bf16",),
+        "neon_dotprod": ("neon_dotprod",),
+        "neon": ("neon",),
+        "scalar": ("scalar",),
+    },
+)
 
 
 def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, bool]]:
@@ -39,24 +64,31 @@ def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, bool]]:
     return None, flags
 
 
-class CpuArmPlatform(CpuPlatform):
-    """Runs on the host's ARM cores. The kernels are the SDK's torch reference ones;
-    binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`)."""
+class CpuArmPlatform(NativeCpuPlatform):
+    """Runs on the host's ARM cores: NEON kernels (with dot product, fp16 and bf16 where
+    the CPU has them) or portable C++, chosen from the kernel's hwcaps."""
 
     name = "cpu_arm"
     api_version = 2
     # vLLM's ARM backend runs float32, float16 and bfloat16; bf16/fp16 speed needs the ISA
     supported_dtypes = ("float32", "bfloat16", "float16")
+    isa_table = ISA_TABLE
+    env_vars = native_env_vars(ISA_TABLE)
 
     def _probe(self) -> tuple[str | None, dict[str, bool]]:
         return probe(_platform.machine(), read_text("/proc/cpuinfo"))
 
-    def unavailable_reason(self) -> str | None:
+    def host_unavailable_reason(self) -> str | None:
         return self._probe()[0]
 
     def device_info(self) -> dict[str, Any]:
         flags = self._probe()[1]
-        return {"name": _platform.processor() or _platform.machine(), "count": os.cpu_count(), "isa": flags}
+        return {
+            "name": _platform.processor() or _platform.machine(),
+            "count": os.cpu_count(),
+            "isa": flags,
+            "kernel_isa": self.kernel_isa([name for name, present in flags.items() if present]),
+        }
 
     def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
         dtype = config.dtype

@@ -18,6 +18,7 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+from plugins.byteorder import to_host_order
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
 
 from core.loader.cache import cache_root, file_key
@@ -110,17 +111,19 @@ class GGUFIndex:
         except OSError as err:  # a read-only cache only costs speed
             logger.warning("could not cache the GGUF index at %s: %s", target, err)
 
-    def raw(self, name: str) -> torch.Tensor:
-        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device)."""
+    def raw(self, name: str, byte_order: str = "little") -> torch.Tensor:
+        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device),
+        with its numbers in ``byte_order`` (the platform's, :attr:`plugins.Platform.byte_order`;
+        the file's are little-endian)."""
         info = self.tensors[name]
         rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         data = np.array(self._data[info.offset : info.offset + info.num_bytes]).reshape(rows, -1)
-        return torch.from_numpy(data)
+        return to_host_order(torch.from_numpy(data), info.qtype, byte_order)
 
-    def dequantized(self, name: str) -> torch.Tensor:
-        """The tensor as float32 in its logical shape."""
+    def dequantized(self, name: str, byte_order: str = "little") -> torch.Tensor:
+        """The tensor as float32 in its logical shape, read on a host of ``byte_order``."""
         info = self.tensors[name]
-        raw = self.raw(name)
+        raw = self.raw(name, byte_order)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
         elif info.qtype in FORMATS:  # the SDK's torch dequantization (bit-exact with gguf.quants, faster)

@@ -125,9 +125,15 @@ def _keep_quantized(index: GGUFIndex, name: str) -> bool:
 
 
 def gguf_weights(
-    index: GGUFIndex, config: Any, keep_gguf: bool, dtype: torch.dtype, device: torch.device
+    index: GGUFIndex,
+    config: Any,
+    keep_gguf: bool,
+    dtype: torch.dtype,
+    device: torch.device,
+    byte_order: str = "little",
 ) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
-    """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``.
+    """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``,
+    their numbers in the platform's ``byte_order`` (:attr:`plugins.Platform.byte_order`).
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
     Gemma norms are stored as llama.cpp applies them, ``1 + w``: ``w`` is given back, as
@@ -144,11 +150,11 @@ def gguf_weights(
         kind = name.split(".")[2] if name.startswith("blk.") else ""
         order = _unpermute_rows(info.shape[0], heads[kind]) if unpermute and kind in heads else None
         if keep_gguf and _keep_quantized(index, name):
-            data = index.raw(name)
+            data = index.raw(name, byte_order)
             data = data[order] if order is not None else data
             yield hf_name, GGUFWeight(info.qtype, data.to(device), rows=info.shape[0], cols=info.shape[-1])
         else:
-            values = index.dequantized(name)
+            values = index.dequantized(name, byte_order)
             values = values[order] if order is not None else values
             if arch == "gemma3" and name.endswith("norm.weight"):
                 values = values - 1
@@ -156,7 +162,7 @@ def gguf_weights(
             yield hf_name, values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
-            yield "lm_head.weight", GGUFWeight(info.qtype, index.raw(name).to(device), *info.shape)
+            yield "lm_head.weight", GGUFWeight(info.qtype, index.raw(name, byte_order).to(device), *info.shape)
 
 
 def gguf_tokenizer(path: Path, chat_template: str | None) -> PreTrainedTokenizerBase:

@@ -78,12 +78,15 @@ def load_model(
     device: torch.device,
     quantization: str | None = None,
     skip_tokenizer_init: bool = False,
+    byte_order: str = "little",
 ) -> LoadedModel:
     """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
 
     :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
+    :param byte_order: the platform's (:attr:`plugins.Platform.byte_order`): GGUF tensors are
+        converted to it; safetensors' reader converts to the host's order itself.
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
         :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
     """
@@ -91,7 +94,7 @@ def load_model(
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = torch.device(device)
     if source.gguf is not None:
-        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init)
+        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, byte_order)
     else:
         loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init)
     loaded.load_seconds = time.perf_counter() - start
@@ -130,6 +133,7 @@ def _load_gguf(
     device: torch.device,
     quantization: str | None,
     skip_tokenizer: bool,
+    byte_order: str,
 ) -> LoadedModel:
     path, config, index = source.path, source.hf_config, source.gguf
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
@@ -138,7 +142,8 @@ def _load_gguf(
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
     model = build_model(config, kernels, dtype, device)
     with torch.no_grad():
-        model.load_weights(gguf_weights(index, config, keep_gguf, dtype, device), "gguf" if keep_gguf else quantization)
+        weights = gguf_weights(index, config, keep_gguf, dtype, device, byte_order)
+        model.load_weights(weights, "gguf" if keep_gguf else quantization)
     generation = {
         k: v for k, v in (("bos_token_id", config.bos_token_id), ("eos_token_id", config.eos_token_id)) if v is not None
     }
