@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import torch
 from plugins.byteorder import to_host_order
+from plugins.gguf_quants import FORMATS, dequantize, row_bytes
 
 from core.loader.cache import cache_root, file_key
 
@@ -125,6 +126,8 @@ class GGUFIndex:
         raw = self.raw(name, byte_order)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
+        elif info.qtype in FORMATS:  # the SDK's torch dequantization (bit-exact with gguf.quants, faster)
+            values = dequantize(info.qtype, raw, raw.numel() // row_bytes(info.qtype, info.shape[-1]), info.shape[-1])
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[info.qtype]))
         return values.reshape(info.shape).float()

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
+from transformers import AutoTokenizer, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
 
 from core.loader.cache import cache_root, file_key
 from core.loader.gguf_index import GGUFIndex
@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 _ARCHITECTURES = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),
     "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "gemma3": (Gemma3TextConfig, "Gemma3ForCausalLM"),
 }
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -41,6 +42,16 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 names its pre-MLP norm ffn_norm and has two more norms a layer, and q/k norms
+_GEMMA3_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_BLOCK_NAMES_BY_ARCH = {"gemma3": _GEMMA3_BLOCK_NAMES}
 # parts that the model fuses into one linear: they must share a quantization type
 _FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
@@ -60,14 +71,20 @@ def gguf_config(index: GGUFIndex) -> Any:
         rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
     elif scaling_type != "none":
         raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported; supported: none, linear")
+    extra = {}
+    if arch == "gemma3":  # transformers' defaults for the rest (query_pre_attn_scalar, the layer pattern)
+        extra = {"sliding_window": meta.get(f"{arch}.attention.sliding_window", 4096)}
     return config_class(
+        **extra,
         vocab_size=index.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
         intermediate_size=meta[f"{arch}.feed_forward_length"],
         num_hidden_layers=meta[f"{arch}.block_count"],
         num_attention_heads=num_heads,
         num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", num_heads),
-        head_dim=meta.get(f"{arch}.rope.dimension_count", hidden // num_heads),
+        head_dim=meta.get(
+            f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // num_heads)
+        ),
         max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
         rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -79,12 +96,13 @@ def gguf_config(index: GGUFIndex) -> Any:
     )
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
     if gguf_name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    names = _BLOCK_NAMES_BY_ARCH.get(arch, _BLOCK_NAMES)
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -118,11 +136,14 @@ def gguf_weights(
     their numbers in the platform's ``byte_order`` (:attr:`plugins.Platform.byte_order`).
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
+    Gemma norms are stored as llama.cpp applies them, ``1 + w``: ``w`` is given back, as
+    Hugging Face checkpoints hold it.
     """
-    unpermute = index.metadata.get("general.architecture") == "llama"
+    arch = index.metadata.get("general.architecture")
+    unpermute = arch == "llama"
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     for name in tqdm(index.tensors, desc="Loading GGUF weights", unit="tensor"):
-        hf_name = _hf_name(name)
+        hf_name = _hf_name(name, arch)
         if hf_name is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
         info = index.tensors[name]
@@ -135,6 +156,8 @@ def gguf_weights(
         else:
             values = index.dequantized(name, byte_order)
             values = values[order] if order is not None else values
+            if arch == "gemma3" and name.endswith("norm.weight"):
+                values = values - 1
             # rope frequency divisors stay float32: they feed the cos/sin table, not a matmul
             yield hf_name, values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:

@@ -47,15 +47,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(kernels, eps)
-        self.self_attn = Attention(
-            kernels,
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            head_size,
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-        )
+        self.self_attn = Attention.from_config(config, kernels, head_size, qkv_bias=qkv_bias, o_bias=o_bias)
         self.post_attention_layernorm = RMSNorm(kernels, eps)
         self.mlp = GatedMLP(kernels, config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
 
@@ -85,6 +77,9 @@ class LlamaForCausalLM(nn.Module):
     states of a flattened batch, then :meth:`compute_logits` on the rows to sample.
     """
 
+    #: whether the model's attention honours ``config.sliding_window`` (else the loader caps the length at it)
+    sliding_window_layers = False
+
     def __init__(self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.config = config
@@ -95,15 +90,21 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         qkv_bias, o_bias = self.attention_biases(config)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, kernels, self.head_size, qkv_bias, o_bias) for _ in range(self.num_layers)
-        )
+        self.layers = nn.ModuleList(self.make_layer(i, qkv_bias, o_bias) for i in range(self.num_layers))
         self.norm = RMSNorm(kernels, config.rms_norm_eps)
         self.lm_head = Linear(kernels, config.hidden_size, config.vocab_size, has_bias=False)
         self.embed_tokens: torch.Tensor | None = None
-        self.cos_sin_cache = build_cos_sin_cache(
-            config, self.head_size, config.max_position_embeddings, dtype, self.device
+        self.cos_sin_cache = self.rope_table()
+
+    def rope_table(self) -> torch.Tensor:
+        """The rotary cos/sin table of the config (see :func:`core.models.rope.build_cos_sin_cache`)."""
+        return build_cos_sin_cache(
+            self.config, self.head_size, self.config.max_position_embeddings, self.dtype, self.device
         )
+
+    def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
+        """Decoder layer ``index`` (empty; weights come with :meth:`load_weights`)."""
+        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias)
 
     @staticmethod
     def attention_biases(config: Any) -> tuple[bool, bool]:
@@ -217,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
                     del pending[(prefix + fused, kind)]
                     module = fused
                 target = prefix + module
-                if module.endswith("layernorm"):
+                if module.endswith(("layernorm", "_norm")):  # the Gemma q/k norms too
                     self.get_submodule(target).weight = tensor
                 elif kind == "bias":
                     biases[target] = tensor
