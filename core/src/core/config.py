@@ -11,6 +11,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 @dataclass
@@ -32,12 +33,23 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
+    tensor_parallel_size: int = 1  # ranks one model is split over
+    data_parallel_size: int = 1  # engine replicas behind one server
+    distributed_executor_backend: str = "mp"  # how tensor-parallel workers run: "mp" or "ray"
+    rank: int = 0  # this worker's rank (global over data x tensor parallel), set by the executor
+    local_rank: int = 0
 
     def validate(self) -> None:
         """Reject impossible settings with a message naming the field."""
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {self.distributed_executor_backend!r}"
+            )
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
+                     "data_parallel_size"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -94,6 +106,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size)
+    parser.add_argument(
+        "--distributed-executor-backend", default=d.distributed_executor_backend, choices=EXECUTOR_BACKENDS
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -114,6 +131,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None,
         gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_name=args.served_model_name,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
     )
     config.validate()
     return config

@@ -21,8 +21,8 @@ from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.detokenizer import IncrementalDetokenizer, StopChecker
 from core.discovery import discover, select_platform
-from core.loader import load_model
-from core.model_runner import ModelRunner
+from core.distributed.executor import make_executor
+from core.distributed.worker import resolve_max_model_len
 from core.outputs import RequestMetrics, RequestOutput
 from core.request_state import Completion, RequestState
 from core.sampler import Sampler, SamplingState, make_generator, prompt_logprobs_for
@@ -56,21 +56,14 @@ class LLMEngine:
         self.platform = resolve_platform(platform if platform is not None else config.device)
         config.apply_overrides(self.platform.check_config(config), f"platform {self.platform.name}")
         self.dtype = self._resolve_dtype()
-        self.platform.init_device(config)
         torch.manual_seed(config.seed)
         started = time.perf_counter()
-        self.loaded = load_model(
-            config.model,
-            kernels=self.platform.kernels,
-            dtype=self.dtype,
-            device=self.platform.torch_device(),
-            quantization=config.quantization,
-            skip_tokenizer_init=skip_tokenizer_init,
-        )
+        # the model runs in the executor's workers: here for one rank, in worker processes when split
+        self.executor = make_executor(self.platform, config, load_tokenizer=not skip_tokenizer_init)
+        self.loaded = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
-        self._fill_max_model_len()
-        self.runner = ModelRunner(self.platform, self.loaded, config, self.dtype)
-        self.kv_plan = self.runner.plan_and_allocate_kv_cache()
+        config.max_model_len = resolve_max_model_len(config.max_model_len, self.loaded.max_model_len)
+        self.kv_plan = self.executor.kv_plan
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -112,13 +105,6 @@ class LLMEngine:
             )
         self.config.dtype = name
         return getattr(torch, name)
-
-    def _fill_max_model_len(self) -> None:
-        limit = self.loaded.max_model_len
-        if self.config.max_model_len is None:
-            self.config.max_model_len = limit
-        elif self.config.max_model_len > limit:
-            raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's limit of {limit} tokens")
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -254,7 +240,7 @@ class LLMEngine:
             if state.metrics.first_scheduled_time is None:
                 state.metrics.first_scheduled_time = now
                 state.metrics.time_in_queue = now - state.metrics.arrival_time
-        logits = self.runner.execute(sched.scheduled)
+        logits = self.executor.execute(sched.scheduled)
         self._record_prompt_logprobs(logits.prompt_logits)
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
         states = [
@@ -303,6 +289,10 @@ class LLMEngine:
             state.prompt_logprobs.extend(
                 prompt_logprobs_for(rows, targets, state.params.prompt_logprobs, decode=state.decode_token)
             )
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (worker processes or actors, when the model is split)."""
+        self.executor.shutdown()
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: queue sizes, KV usage, prefix cache hit rate."""

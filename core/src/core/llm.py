@@ -108,5 +108,7 @@ class LLM:
         return [finished[request_id] for request_id in order]
 
     def shutdown(self) -> None:
-        """Release the engine's KV cache and model."""
+        """Release the engine's KV cache and model (and stop its workers)."""
+        if self.engine is not None:
+            self.engine.shutdown()
         self.engine = None  # type: ignore[assignment]

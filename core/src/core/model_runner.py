@@ -84,6 +84,12 @@ class ModelRunner:
     def plan_and_allocate_kv_cache(self) -> KVCachePlan:
         """Profile (if the platform's profiler needs it), ask the platform how many blocks fit,
         allocate them, prepare the runner."""
+        plan = self.plan_kv_cache()
+        self.allocate_kv_cache(plan.num_blocks)
+        return plan
+
+    def plan_kv_cache(self) -> KVCachePlan:
+        """How many KV blocks fit (profiling first if the platform's profiler needs it)."""
         memory = self.platform.memory
         peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
         plan = memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
@@ -102,44 +108,72 @@ class ModelRunner:
                 f"sequence of max_model_len={self.config.max_model_len} needs {min_blocks}: give the KV cache more "
                 "memory or lower --max-model-len"
             )
-        self.kv_caches = self._allocate(plan.num_blocks)
-        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
         return plan
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` KV blocks and prepare the platform's runner on them."""
+        self.kv_caches = self._allocate(num_blocks)
+        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
 
     # -- one step -----------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         """Run the forward pass of one scheduled batch and compute the logits it needs."""
-        ids: list[int] = []
-        positions: list[int] = []
-        query_lens, seq_lens, tables = [], [], []
-        sample_rows, sample_seq_ids = [], []
-        prompt_rows: dict[int, tuple[int, int, int]] = {}
-        for item in scheduled:
-            seq, n, start = item.seq, item.num_new_tokens, item.start_pos
-            row0 = len(ids)
-            ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            query_lens.append(n)
-            seq_lens.append(start + n)
-            tables.append(seq.block_table)
-            if item.needs_sample:
-                sample_rows.append(row0 + n - 1)
-                sample_seq_ids.append(seq.seq_id)
-            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
-                end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
-                prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device=self.device)
+        return self.run(make_batch(scheduled))
+
+    def run(self, batch: StepBatch) -> StepLogits:
+        """Run the forward pass of a flattened batch and compute the logits it needs."""
+        meta = AttentionMetadata.build(
+            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=self.device
+        )
         inputs = ModelInputs(
-            torch.tensor(ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
+            torch.tensor(batch.input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(batch.positions, dtype=torch.long, device=self.device),
             meta,
         )
         with torch.inference_mode():
             hidden = self.platform.runner.execute(self.model, self.kv_caches, inputs)
-            rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+            rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
             sample_logits = self.model.compute_logits(hidden.index_select(0, rows))
             prompt_logits = {
                 seq_id: (first_pos, self.model.compute_logits(hidden[lo:hi]))
-                for seq_id, (first_pos, lo, hi) in prompt_rows.items()
+                for seq_id, (first_pos, lo, hi) in batch.prompt_rows.items()
             }
-        return StepLogits(sample_logits, sample_seq_ids, prompt_logits)
+        return StepLogits(sample_logits, batch.sample_seq_ids, prompt_logits)
+
+
+@dataclass
+class StepBatch:
+    """One step's batch as plain lists (cheap to send to tensor-parallel workers)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]  # the row of each sampling sequence's last new token
+    sample_seq_ids: list[int]
+    prompt_rows: dict[int, tuple[int, int, int]]  # seq_id -> (first position, first row, end row)
+
+
+def make_batch(scheduled: list[ScheduledSeq]) -> StepBatch:
+    """Flatten the scheduler's choice into one step's batch."""
+    ids: list[int] = []
+    positions: list[int] = []
+    query_lens, seq_lens, tables = [], [], []
+    sample_rows, sample_seq_ids = [], []
+    prompt_rows: dict[int, tuple[int, int, int]] = {}
+    for item in scheduled:
+        seq, n, start = item.seq, item.num_new_tokens, item.start_pos
+        row0 = len(ids)
+        ids.extend(seq.token_ids[start : start + n])
+        positions.extend(range(start, start + n))
+        query_lens.append(n)
+        seq_lens.append(start + n)
+        tables.append(seq.block_table)
+        if item.needs_sample:
+            sample_rows.append(row0 + n - 1)
+            sample_seq_ids.append(seq.seq_id)
+        if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+            end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
+            prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
+    return StepBatch(ids, positions, query_lens, seq_lens, tables, sample_rows, sample_seq_ids, prompt_rows)

@@ -193,6 +193,9 @@ class CpuX86Runner(Runner):
         if not self.platform.env["CPU_FUSED_DECODE"]:
             logger.info("cpu_x86 runner: eager (CPU_FUSED_DECODE=0)")
             return
+        if config is not None and config.tensor_parallel_size > 1:  # the native decoder has no all-reduce
+            logger.info("cpu_x86 runner: eager (tensor_parallel_size=%d)", config.tensor_parallel_size)
+            return
         try:
             self.fused = FusedDecoder(model, kv_caches, self.platform.kernels)
         except NotFusable as exc:

@@ -109,19 +109,23 @@ class GGUFIndex:
         except OSError as err:  # a read-only cache only costs speed
             logger.warning("could not cache the GGUF index at %s: %s", target, err)
 
-    def raw(self, name: str) -> torch.Tensor:
-        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device)."""
-        info = self.tensors[name]
-        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
-        data = np.array(self._data[info.offset : info.offset + info.num_bytes]).reshape(rows, -1)
-        return torch.from_numpy(data)
+    def raw(self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None)) -> torch.Tensor:
+        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device).
 
-    def dequantized(self, name: str) -> torch.Tensor:
-        """The tensor as float32 in its logical shape."""
+        ``rows`` and ``byte_cols`` select a window; only that window is read from the file.
+        """
         info = self.tensors[name]
-        raw = self.raw(name)
+        num_rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        stored = self._data[info.offset : info.offset + info.num_bytes].reshape(num_rows, -1)
+        return torch.from_numpy(np.array(stored[rows, byte_cols]))
+
+    def dequantized(self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None)) -> torch.Tensor:
+        """The tensor (or the :meth:`raw` window of it) as float32, shaped ``[rows, cols]`` (1-D tensors stay 1-D)."""
+        info = self.tensors[name]
+        raw = self.raw(name, rows, byte_cols)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[info.qtype]))
-        return values.reshape(info.shape).float()
+        shape = (-1,) if len(info.shape) == 1 else (raw.shape[0], -1) if len(info.shape) == 2 else info.shape
+        return values.reshape(shape).float()

@@ -47,12 +47,14 @@ def load_model(
     device: torch.device,
     quantization: str | None = None,
     skip_tokenizer_init: bool = False,
+    comm: Any | None = None,
 ) -> LoadedModel:
     """Load a HF directory, a ``.gguf`` file, a hub id, or (``None``) the default model.
 
     :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
+    :param comm: a tensor-parallel rank's communicator: load only this rank's shard.
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
         :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
     """
@@ -60,9 +62,9 @@ def load_model(
     device = torch.device(device)
     path = resolve_model(model)
     if path.is_file() and path.suffix == ".gguf":
-        loaded = _load_gguf(path, kernels, dtype, device, quantization, skip_tokenizer_init)
+        loaded = _load_gguf(path, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     elif path.is_dir():
-        loaded = _load_hf_dir(path, kernels, dtype, device, quantization, skip_tokenizer_init)
+        loaded = _load_hf_dir(path, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     else:
         raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a Hugging Face model directory")
     loaded.name = model if model is not None else DEFAULT_MODEL_NAME
@@ -84,15 +86,16 @@ def _load_hf_dir(
     device: torch.device,
     quantization: str | None,
     skip_tokenizer: bool,
+    comm: Any | None,
 ) -> LoadedModel:
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
     config = hf_config(path)
     get_model_class(getattr(config, "architectures", None))  # fail on the architecture before reading weights
     tokenizer = None if skip_tokenizer else hf_tokenizer(path)
-    model = build_model(config, kernels, dtype, device)
+    model = build_model(config, kernels, dtype, device, comm)
     with torch.no_grad():
-        model.load_weights(hf_weights(weight_files(path), dtype, device), quantization)
+        model.load_weights(hf_weights(weight_files(path), dtype, device, model.tp.plan), quantization)
     return _finish(model, config, tokenizer, hf_generation_config(path))
 
 
@@ -103,6 +106,7 @@ def _load_gguf(
     device: torch.device,
     quantization: str | None,
     skip_tokenizer: bool,
+    comm: Any | None,
 ) -> LoadedModel:
     index = GGUFIndex.open(path)
     config = gguf_config(index)
@@ -110,9 +114,10 @@ def _load_gguf(
     if quantization is None and not keep_gguf:
         logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
-    model = build_model(config, kernels, dtype, device)
+    model = build_model(config, kernels, dtype, device, comm)
+    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan)
     with torch.no_grad():
-        model.load_weights(gguf_weights(index, config, keep_gguf, dtype, device), "gguf" if keep_gguf else quantization)
+        model.load_weights(weights, "gguf" if keep_gguf else quantization)
     generation = {
         k: v for k, v in (("bos_token_id", config.bos_token_id), ("eos_token_id", config.eos_token_id)) if v is not None
     }

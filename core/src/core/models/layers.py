@@ -15,6 +15,8 @@ from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
 from torch import nn
 
+from core.distributed.parallel import TensorParallel
+
 
 def concat_rows(parts: list[Any]) -> Any:
     """Stack weights (or biases) along their output dimension, for fused projections.
@@ -117,7 +119,9 @@ class Attention(nn.Module):
         head_size: int,
         qkv_bias: bool,
         o_bias: bool,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """``num_heads``/``num_kv_heads``: this rank's heads; ``tp`` sums the row-parallel output."""
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}")
@@ -130,6 +134,7 @@ class Attention(nn.Module):
         self.scale = head_size**-0.5
         self.qkv_proj = Linear(kernels, hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(kernels, self.q_size, hidden_size, o_bias)
+        self.tp = tp
 
     def forward(
         self,
@@ -150,17 +155,23 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.tp.all_reduce(out) if self.tp is not None else out
 
 
 class GatedMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up fused into one linear."""
 
-    def __init__(self, kernels: Kernels, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+    def __init__(
+        self, kernels: Kernels, hidden_size: int, intermediate_size: int, bias: bool, tp: TensorParallel | None = None
+    ) -> None:
+        """``intermediate_size``: this rank's part; ``tp`` sums the row-parallel down projection."""
         super().__init__()
         self.kernels = kernels
         self.gate_up_proj = Linear(kernels, hidden_size, 2 * intermediate_size, bias)
         self.down_proj = Linear(kernels, intermediate_size, hidden_size, bias)
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(out) if self.tp is not None else out
