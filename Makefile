@@ -1,6 +1,7 @@
 # The two set-up commands of the README:
 #   make serve   install everything and serve the default model on :8000
 #   make test    install everything and run every test suite
+#   make test-docker  build docker/Dockerfile.cpu and check the served image end to end
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
@@ -10,7 +11,7 @@ PORT ?= 8000
 SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
 	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test lint dev
+.PHONY: install install-test serve test test-docker lint dev
 
 install: $(VENV)/.installed
 
@@ -32,6 +33,9 @@ serve: install
 
 test: install-test
 	$(PY) -m pytest -q plugins/tests core/tests $(wildcard plugin_*/tests) tests
+
+test-docker:
+	docker/test.sh
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

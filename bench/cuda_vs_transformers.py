@@ -228,7 +228,7 @@ def run_check(a: argparse.Namespace) -> int:
     """plugin_cuda's pytest suite (conformance kit included), then greedy parity vs the reference platform."""
     import torch
     from core.bench.report import format_table
-    from plugins.testing import _ReferencePlatform
+    from plugins.reference import ReferencePlatform
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from core import LLM, SamplingParams
@@ -248,7 +248,7 @@ def run_check(a: argparse.Namespace) -> int:
 
     rows, failed = [], tests != 0
     for dtype in ("float32", "bfloat16"):
-        ref = tokens(_ReferencePlatform(), dtype, True)
+        ref = tokens(ReferencePlatform(), dtype, True)
         for eager in (False, True):
             got = tokens(a.device, dtype, eager)
             same = sum(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) for x, y in zip(got, ref))  # noqa: B905

@@ -24,17 +24,12 @@ def _build_tiny_llama(directory: Path) -> None:
     import torch
     from core.loader import default_model_path
     from core.loader.gguf_model import gguf_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from plugins.reference import tiny_model_config
+    from transformers import LlamaForCausalLM
 
     tokenizer = gguf_tokenizer(default_model_path(), None)  # converted once, then cached by the loader
-    config = LlamaConfig(
+    config = tiny_model_config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,

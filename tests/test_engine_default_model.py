@@ -30,6 +30,15 @@ def test_basic_prompts_give_sensible_text(llm):
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
 
 
+def test_default_model_runs_on_the_platform_runner_fast_path(llm):
+    """On a platform whose runner runs the model from its description (cpu_x86's fused
+    decoder), the default model takes that path, not the eager fallback."""
+    runner = llm.engine.platform.runner
+    if not hasattr(runner, "fused"):
+        pytest.skip(f"{llm.engine.platform.name}'s runner has no fused path")
+    assert runner.fused is not None and runner.model is llm.engine.executor.runner.model
+
+
 def test_chat_uses_the_template(llm):
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}],

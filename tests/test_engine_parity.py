@@ -9,7 +9,7 @@ test the block manager must hold no leaked block.
 import pytest
 import torch
 import transformers
-from plugins.testing import _ReferencePlatform
+from plugins.reference import ReferencePlatform, tiny_model_config
 
 from core import LLM, SamplingParams
 
@@ -44,16 +44,7 @@ MAX_TOKENS = 10
 def build(arch, directory):
     config_cls, model_cls, extra = ARCHS[arch]
     torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        **extra,
-    )
+    config = tiny_model_config(config_cls, **extra)
     model = model_cls(config).eval()
     model.save_pretrained(directory)
     return model
@@ -90,7 +81,7 @@ def model_dir(request, tmp_path_factory):
 
 def engine(directory, device, **kwargs):
     """A float32 engine on the model in ``directory``: the reference platform, or ``device``."""
-    device = _ReferencePlatform() if device == "reference" else device
+    device = ReferencePlatform() if device == "reference" else device
     return LLM(model=str(directory), device=device, dtype="float32", skip_tokenizer_init=True, **kwargs)
 
 

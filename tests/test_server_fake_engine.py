@@ -42,7 +42,7 @@ class FakeEngine:
     def __init__(self, step_seconds: float = 0.002) -> None:
         self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(max_model_len=64)
-        self.platform = SimpleNamespace(init_device=lambda config: None, get_extension=lambda name: None)
+        self.platform = SimpleNamespace(place_frontend_thread=lambda: None)
         self.loaded = SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB), name="fake")
         self.requests: dict[str, dict] = {}
         self.step_seconds = step_seconds
@@ -95,12 +95,16 @@ def test_engine_thread_is_bound_and_the_front_end_moves_to_its_cpus():
     bound_in, allowed = [], sorted(os.sched_getaffinity(0))
     engine.platform = SimpleNamespace(
         init_device=lambda config: bound_in.append(threading.current_thread().name),
-        get_extension=lambda name: allowed[-1:] if name == "frontend_cpus" else None,
+        place_frontend_thread=lambda: os.sched_setaffinity(0, allowed[-1:]),
     )
     result = {}
 
+    def build():  # what LLMEngine's constructor does first: set up the device in the calling thread
+        engine.platform.init_device(None)
+        return engine
+
     def front_end():  # on its own thread: the affinity change must not leak into the test process
-        async_engine = AsyncEngine(engine)
+        async_engine = AsyncEngine(build)
         result["cpus"] = sorted(os.sched_getaffinity(0))
         async_engine.shutdown()
 
@@ -113,7 +117,7 @@ def test_engine_thread_is_bound_and_the_front_end_moves_to_its_cpus():
 @pytest.fixture(scope="module")
 def fake_server():
     engine = FakeEngine()
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(lambda: engine)
     fe = Frontend(async_engine, "fake", max_queue_len=4)
     app = build_app(fe, api_key=None, max_request_bytes=4096)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))

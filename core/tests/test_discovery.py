@@ -1,9 +1,11 @@
 """Plugin discovery and device selection, with throw-away distributions on sys.path."""
 
+import json
 import logging
 import textwrap
 
 import pytest
+from core.cli import main
 from core.discovery import discover, select_platform
 from plugins import PLATFORM_API_VERSION, PlatformUnavailable
 
@@ -88,7 +90,22 @@ def test_is_available_that_raises_does_not_break_listing(site):
 def test_core_plugins_filter(site):
     make_dist(site, "fk_one", platform_module("fk_one", 1))
     make_dist(site, "fk_two", platform_module("fk_two", 2))
-    assert [r.name for r in discover({"CORE_PLUGINS": "fk_one"})] == ["fk_one"]
+    records = discover({"CORE_PLUGINS": "fk_one"})
+    assert [r.name for r in records if r.platform is not None] == ["fk_one"]
+    (left_out,) = [r for r in records if r.name == "fk_two"]
+    assert left_out.reason == "not loaded: CORE_PLUGINS=fk_one leaves it out"
+
+
+def test_auto_names_the_plugins_core_plugins_left_out(site):
+    """CORE_PLUGINS naming a plugin that is not installed: --device auto says what was left out, and why."""
+    make_dist(site, "fk_one", platform_module("fk_one", 1))
+    records = only(discover({"CORE_PLUGINS": "toy"}))
+    with pytest.raises(PlatformUnavailable) as info:
+        select_platform("auto", records)
+    assert "fk_one: not loaded: CORE_PLUGINS=toy leaves it out" in str(info.value)
+    assert "no plugin installed" not in str(info.value) and "Name an installed plugin in CORE_PLUGINS" in str(
+        info.value
+    )
 
 
 def test_api_version_mismatch_is_rejected(site):
@@ -111,11 +128,30 @@ def test_selection_errors(site):
     make_dist(site, "fk_gone", platform_module("fk_gone", 1, available=False, reason="driver missing"))
     records = only(discover({}))
     with pytest.raises(
-        PlatformUnavailable, match="Unknown device 'tpux'. Installed: fk_gone, fk_here. .*pip install plugin_tpux"
-    ):
-        select_platform("tpux", records)
+        PlatformUnavailable, match="Unknown device 'fk_hrse'. Installed: fk_gone, fk_here. Did you mean 'fk_here'"
+    ) as info:
+        select_platform("fk_hrse", records)
+    assert "No backend of this project is called 'fk_hrse'" in str(info.value)
+    assert "pip install plugin_fk" not in str(info.value) and "plugin_<name>" in str(info.value)
+    with pytest.raises(PlatformUnavailable, match="Unknown device 'cpu_arm'.*To add it: pip install plugin_cpu_arm"):
+        select_platform("cpu_arm", records)
     with pytest.raises(PlatformUnavailable, match="'fk_gone' is installed but unavailable: driver missing"):
         select_platform("fk_gone", records)
     assert select_platform("fk_here", records).name == "fk_here"
     with pytest.raises(PlatformUnavailable, match="No available device"):
         select_platform("auto", [r for r in records if r.name == "fk_gone"])
+
+
+def test_devices_env_flags_an_invalid_value(site, monkeypatch, capsys):
+    extra = 'env_vars = (plugins.EnvVar("FK_THREADS", int, 4, "threads"),)'
+    make_dist(site, "fk_env", platform_module("fk_env", 1, extra=extra))
+    monkeypatch.setenv("CORE_PLUGINS", "fk_env")
+    monkeypatch.setenv("CORE_FK_THREADS", "abc")
+    assert main(["devices", "--env"]) == 1
+    out, err = capsys.readouterr()
+    assert "abc (INVALID)" in out
+    assert "error: CORE_FK_THREADS='abc' is not a valid int" in err
+    monkeypatch.setenv("CORE_FK_THREADS", "8")
+    assert main(["devices", "--env", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["value"] == "8" and row["error"] is None

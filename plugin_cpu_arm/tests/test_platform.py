@@ -2,12 +2,7 @@
 
 import platform
 
-import pluggy
-import plugins
-import plugins.hookspecs
 from plugin_cpu_arm.platform import CpuArmPlatform, probe
-
-import plugin_cpu_arm
 
 GRAVITON3 = (
     "processor\t: 0\nBogoMIPS\t: 2100.00\n"
@@ -52,9 +47,5 @@ def test_this_machine_never_raises():
     assert set(plat.device_info()["isa"]) >= {"neon", "fp16", "bf16", "sve"}
 
 
-def test_hook_registers_platform():
-    manager = pluggy.PluginManager(plugins.PROJECT_NAME)
-    manager.add_hookspecs(plugins.hookspecs)
-    manager.register(plugin_cpu_arm)
-    assert manager.hook.register_platform() == [CpuArmPlatform]
+def test_identity():
     assert (CpuArmPlatform.name, CpuArmPlatform.device_type, CpuArmPlatform.priority) == ("cpu_arm", "cpu", 10)

@@ -9,8 +9,10 @@ import sys
 import plugins
 import pytest
 from plugin_cpu_x86.native import select_isa
-from plugin_cpu_x86.platform import CpuX86Platform, process_cpus
+from plugin_cpu_x86.platform import CpuX86Platform
+from plugins.host import process_cpus
 from plugins.memory import GiB
+from plugins.reference import engine_config
 from plugins.testing import PlatformConformance
 
 from plugin_cpu_x86 import cpuinfo
@@ -70,39 +72,20 @@ def test_isa_selection():
         select_isa("avx512", ["AVX2", "FMA", "F16C"])
 
 
-def test_thread_binding_plan():
-    allowed = [0, 1, 2, 3]
-    assert cpuinfo.plan_compute_cpus("all", 0, 0, allowed) == allowed
-    assert cpuinfo.plan_compute_cpus("0-1|2-3", 0, 1, allowed) == [2, 3]
-    with pytest.raises(ValueError, match="none for rank 2"):
-        cpuinfo.plan_compute_cpus("0-1|2-3", 0, 2, allowed)
-    with pytest.raises(ValueError, match=r"\[7\]"):
-        cpuinfo.plan_compute_cpus("6-7", 0, 0, [0, 1, 2, 3, 4, 5, 6])
-    mine = sorted(os.sched_getaffinity(0))
-    auto = cpuinfo.plan_compute_cpus("auto", 0, 0, mine)
-    assert auto and set(auto) <= set(mine)
-    if len(auto) > 1:
-        assert cpuinfo.plan_compute_cpus("auto", 1, 0, mine) == auto[:-1]
-    with pytest.raises(ValueError, match="leaves no core"):
-        cpuinfo.plan_compute_cpus("auto", len(auto), 0, mine)
-    assert cpuinfo.parse_cpu_list("0-2, 5,7-8") == [0, 1, 2, 5, 7, 8]
-
-
 def test_kv_cache_budget(monkeypatch):
-    class Config:
-        kv_cache_bytes = None
-
+    """The CPU family's budget (plugins/tests/test_cpu.py has the precedence rule)."""
     plat = CpuX86Platform()
+    assert plat.memory.needs_profile_run is False
     monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "0.25")
-    budget, why = plat.memory.kv_cache_budget(Config(), 0)
+    budget, why = plat.memory.kv_cache_budget(engine_config(), 0)
     assert budget == GiB // 4 and "CPU_KVCACHE_SPACE=0.25" in why
     auto = CpuX86Platform()
     monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "0")
-    budget, why = auto.memory.kv_cache_budget(Config(), 0)
+    budget, why = auto.memory.kv_cache_budget(engine_config(), 0)
     assert 0 < budget <= auto.memory.free_memory() and "auto" in why
     monkeypatch.setenv("CORE_CPU_KVCACHE_SPACE", "100000")
     with pytest.raises(ValueError, match="CPU_KVCACHE_SPACE=100000"):
-        CpuX86Platform().memory.kv_cache_budget(Config(), 0)
+        CpuX86Platform().memory.kv_cache_budget(engine_config(), 0)
 
 
 def test_init_device_binds_threads(monkeypatch):
@@ -116,7 +99,7 @@ def test_init_device_binds_threads(monkeypatch):
     seen = []
 
     def bind_and_record(platform, then=None):  # init_device binds the calling thread only: run it on its own
-        platform.init_device(object())
+        platform.init_device(engine_config())
         seen.append((sorted(os.sched_getaffinity(0)), platform.kernels.num_threads))
         if then:  # a thread started by a bound one (the server's engine thread) inherits its pin;
             # it builds a second platform, as a second engine in the process does
@@ -132,4 +115,4 @@ def test_init_device_binds_threads(monkeypatch):
     # each binding thread is pinned to the first compute CPU, its pool to the others, and
     # the second binding (another platform object) still plans every CPU the process may use
     assert seen == [([mine[0]], len(mine)), ([mine[0]], len(mine))]
-    assert plat.get_extension("frontend_cpus") == mine and plat.get_extension("nope") is None
+    assert plat.frontend_cpus == mine and plat.get_extension("frontend_cpus") is None

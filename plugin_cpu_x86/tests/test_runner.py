@@ -7,6 +7,8 @@ and Qwen2 (q/k/v biases), float32 and bfloat16, dense, int8 and int8-activation 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import transformers
@@ -70,9 +72,9 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
     eager_caches, fused_caches = caches(model, 24), caches(model, 24)
     if dtype == torch.bfloat16 and quantization is None:  # bf16 dense weights go through torch's GEMM
         with pytest.raises(NotFusable, match="not a contiguous torch.float32"):
-            FusedDecoder(model, fused_caches, platform.kernels)
+            FusedDecoder(model.describe(fused_caches), platform.kernels)
         return
-    fused = FusedDecoder(model, fused_caches, platform.kernels)
+    fused = FusedDecoder(model.describe(fused_caches), platform.kernels)
     gen = torch.Generator().manual_seed(0)
     tables = [[3, 0, 7, 9], [1, 2, 4, 5], [11, 8, 6, 10]]  # out of order: a wrong table shows
     steps = [
@@ -84,7 +86,7 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
         for new_tokens in steps:
             inputs, seq_lens = step_inputs(new_tokens, seq_lens, tables)
             expected = model(inputs.input_ids, inputs.positions, eager_caches, inputs.attn_metadata)
-            assert fused.can_run(model, fused_caches, inputs)
+            assert fused.can_run(inputs)
             actual = fused(inputs)
             assert torch.equal(actual, expected), f"hidden states differ by {(actual - expected).abs().max()}"
             for (ek, ev), (fk, fv) in zip(eager_caches, fused_caches, strict=True):
@@ -97,11 +99,11 @@ def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
     runner = CpuX86Runner(platform)
     runner.prepare(model, kv, None)
     big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
-    assert runner.fused is not None and runner.fused.can_run(model, kv, big)
-    assert not runner.fused.can_run(model, caches(model, 8), big)  # other caches: eager
+    assert runner.fused is not None and runner.fused.can_run(big)
+    assert not runner.fused.can_run(replace(big, input_ids=big.input_ids.int()))  # ids it does not take: eager
     with torch.inference_mode():
         eager = model(big.input_ids, big.positions, caches(model, 8), big.attn_metadata)
-        assert torch.equal(runner.forward(model, kv, big), eager)
+        assert torch.equal(runner.execute(big), eager)  # on the bound caches
     monkeypatch.setenv("CORE_CPU_FUSED_DECODE", "0")
     platform = CpuX86Platform()
     runner = CpuX86Runner(platform)
@@ -112,7 +114,7 @@ def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
 def test_bad_token_and_slot_are_errors(model_dir):
     platform, model = load(model_dir, torch.float32, "int8", False)
     kv = caches(model, 2)
-    fused = FusedDecoder(model, kv, platform.kernels)
+    fused = FusedDecoder(model.describe(kv), platform.kernels)
     inputs, _ = step_inputs([[1, 500]], [0], [[0, 1]])
     with pytest.raises(IndexError, match="vocabulary of 128"):
         fused(inputs)
@@ -120,3 +122,21 @@ def test_bad_token_and_slot_are_errors(model_dir):
     inputs.attn_metadata.slot_mapping[1] = 8  # the caches hold 2 blocks x 4 slots
     with pytest.raises(IndexError, match="8 slots"):
         fused(inputs)
+
+
+def test_models_without_a_description_run_eagerly(model_dir, caplog):
+    platform, model = load(model_dir, torch.float32, None, False)
+
+    class Opaque(torch.nn.Module):  # a model the runner knows nothing about: no describe()
+        def forward(self, *args):
+            return model(*args)
+
+    kv = caches(model, 8)
+    runner = CpuX86Runner(platform)
+    with caplog.at_level("INFO"):
+        runner.prepare(Opaque(), kv, None)
+    assert runner.fused is None and "Opaque does not describe itself" in caplog.text
+    big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
+    with torch.inference_mode():
+        eager = model(big.input_ids, big.positions, caches(model, 8), big.attn_metadata)
+        assert torch.equal(runner.execute(big), eager)

@@ -77,7 +77,7 @@ def setup(monkeypatch):
     plat = FakePlatform()
     plat.runner = CudaGraphRunner(plat, graphs=object())
     cuda = FakeCuda(total=80 * GiB, weights=16 * GiB, non_torch=1 * GiB)
-    return plat, cuda, CudaMemoryProfiler(plat, cuda=cuda)
+    return plat, cuda, CudaMemoryProfiler(plat, cuda)
 
 
 def test_measure_peak_counts_activations_only(setup) -> None:
@@ -109,7 +109,6 @@ def test_env_utilization_overrides_config(setup, monkeypatch) -> None:
     assert prof.utilization(engine_config(gpu_memory_utilization=0.8)) == (0.5, "VLLM_GPU_MEMORY_UTILIZATION")
     monkeypatch.delenv("VLLM_GPU_MEMORY_UTILIZATION")
     assert prof.utilization(engine_config(gpu_memory_utilization=0.8)) == (0.8, "gpu_memory_utilization")
-    assert prof.utilization(SimpleNamespace()) == (0.9, "CORE_GPU_MEMORY_UTILIZATION default")
 
 
 def test_eager_reserves_nothing_for_graphs(setup) -> None:

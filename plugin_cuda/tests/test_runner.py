@@ -105,6 +105,13 @@ def assert_same_kv(caches, want_caches, slot_mapping: torch.Tensor, tol: float) 
         torch.testing.assert_close((k, v), (wk, wv), atol=tol, rtol=tol)
 
 
+def bound(model, caches) -> Runner:
+    """The eager runner, bound to ``model`` and ``caches``."""
+    runner = Runner(None)
+    runner.prepare(model, caches, engine_config())
+    return runner
+
+
 def make_runner(kernels, monkeypatch, sizes: str | None = "1,2,4"):
     if sizes is None:
         monkeypatch.delenv("CORE_CUDA_GRAPH_SIZES", raising=False)
@@ -124,9 +131,9 @@ def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch) -> None
     for seq_lens in ([9], [30, 5, 17], [2, 20]):
         inputs = decode_batch(seq_lens, 24)
         eager_caches = [(k.clone(), v.clone()) for k, v in caches]
-        want = Runner(runner.platform).execute(model, eager_caches, inputs)
+        want = bound(model, eager_caches).execute(inputs)
         before = fake.replays
-        got = runner.execute(model, caches, inputs)
+        got = runner.execute(inputs)
         assert fake.replays == before + 1, "a decode batch within the captured sizes must replay"
         assert got.shape == want.shape == (len(seq_lens), 32)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -144,9 +151,11 @@ def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monke
     prefill = AttentionMetadata.build([3], [3], [[0]], BLOCK_SIZE, device=DEVICE)
     prefill_inputs = ModelInputs(torch.tensor([1, 2, 3], device=DEVICE), torch.arange(3, device=DEVICE), prefill)
     assert runner.padded_num_seqs(prefill_inputs) is None
-    runner.execute(model, caches, three)
-    runner.execute(model, caches, prefill_inputs)
-    runner.execute(model, model.new_kv_caches(24, BLOCK_SIZE), decode_batch([3], 24))  # not the captured caches
+    runner.execute(three)
+    runner.execute(prefill_inputs)
+    runner.profile(
+        model, model.new_kv_caches(24, BLOCK_SIZE), decode_batch([3], 24)
+    )  # the profile pass: its own caches
     assert fake.replays == 0
 
 
@@ -170,8 +179,8 @@ def test_padding_equals_unpadded_on_reference_kernels(tiny_model) -> None:
     caches = filled_caches(model, 24, seed=3)
     inputs = decode_batch([9, 30, 2], 24)
     padded_caches = [(k.clone(), v.clone()) for k, v in caches]
-    want = Runner(None).forward(model, caches, inputs)
-    got = Runner(None).forward(model, padded_caches, pad_inputs(inputs, 8))
+    want = bound(model, caches).forward(inputs)
+    got = bound(model, padded_caches).forward(pad_inputs(inputs, 8))
     torch.testing.assert_close(got[:3], want, atol=1e-6, rtol=1e-6)
     assert_same_kv(padded_caches, caches, inputs.attn_metadata.slot_mapping, 1e-6)
 
@@ -189,8 +198,8 @@ def test_cuda_graph_replay_equals_eager_on_gpu(dtype, tiny_model, monkeypatch) -
     for seq_lens in ([9], [30, 5, 17], [2, 20, 1, 3, 4, 8]):
         inputs = decode_batch(seq_lens, 24)
         eager_caches = [(k.clone(), v.clone()) for k, v in caches]
-        want = Runner(runner.platform).execute(model, eager_caches, inputs)
-        got = runner.execute(model, caches, inputs)
+        want = bound(model, eager_caches).execute(inputs)
+        got = runner.execute(inputs)
         torch.cuda.synchronize()
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)

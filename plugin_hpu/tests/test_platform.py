@@ -2,14 +2,9 @@
 
 import importlib.util
 
-import pluggy
-import plugins
-import plugins.hookspecs
 import pytest
 from plugin_hpu.platform import HpuPlatform, probe
 from plugins import EnvConfigError
-
-import plugin_hpu
 
 
 def test_probe_reasons():
@@ -61,9 +56,5 @@ def test_check_config():
         HpuPlatform().check_config(Config())
 
 
-def test_hook_registers_platform():
-    manager = pluggy.PluginManager(plugins.PROJECT_NAME)
-    manager.add_hookspecs(plugins.hookspecs)
-    manager.register(plugin_hpu)
-    assert manager.hook.register_platform() == [HpuPlatform]
+def test_identity():
     assert (HpuPlatform.name, HpuPlatform.device_type, HpuPlatform.distributed_backend) == ("hpu", "hpu", "hccl")

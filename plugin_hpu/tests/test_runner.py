@@ -74,8 +74,11 @@ def test_padded_decode_equals_eager(runner):
     inputs = decode_batch([17, 3, 40], [[5, 9], [2], [7, 8, 11]])
     model = TinyModel()
     eager_caches, padded_caches = caches(), caches()
-    eager = Runner(runner.platform).execute(model, eager_caches, inputs)
-    padded = runner.execute(model, padded_caches, inputs)
+    eager_runner = Runner(runner.platform)
+    eager_runner.prepare(model, eager_caches, Config())
+    eager = eager_runner.execute(inputs)
+    runner.prepare(model, padded_caches, Config())
+    padded = runner.execute(inputs)
     assert model.calls[-1] == (4, (4, 4), 4)  # bucket (4, 16): 4 sequences, 16 / 4 = 4 table columns
     torch.testing.assert_close(padded, eager)
     torch.testing.assert_close(padded_caches[0][0], eager_caches[0][0])
@@ -85,7 +88,7 @@ def test_prompt_runs_unpadded(runner):
     meta = AttentionMetadata.build([5], [5], [[3]], 16)
     inputs = ModelInputs(torch.arange(5), torch.arange(5), meta)
     assert runner.padded_num_seqs(inputs) is None
-    assert runner.execute(TinyModel(), caches(), inputs).shape == (5, 32)
+    assert runner.execute(inputs).shape == (5, 32)
 
 
 def test_block_table_padding_only_widens():

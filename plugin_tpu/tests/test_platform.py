@@ -2,9 +2,6 @@
 
 import importlib.util
 
-import pluggy
-import plugins
-import plugins.hookspecs
 import pytest
 import torch
 from plugin_tpu.platform import TpuPlatform, memory_info, probe
@@ -12,8 +9,6 @@ from plugin_tpu.runner import TpuRunner
 from plugins import EnvConfigError
 from plugins.attention import AttentionMetadata
 from plugins.runner import ModelInputs
-
-import plugin_tpu
 
 
 def test_probe_reasons():
@@ -64,9 +59,5 @@ def test_runner_pads_decode_to_seq_sizes():
     assert runner.padded_num_seqs(ModelInputs(torch.zeros(5, dtype=torch.int64), torch.arange(5), prefill_meta)) is None
 
 
-def test_hook_registers_platform():
-    manager = pluggy.PluginManager(plugins.PROJECT_NAME)
-    manager.add_hookspecs(plugins.hookspecs)
-    manager.register(plugin_tpu)
-    assert manager.hook.register_platform() == [TpuPlatform]
+def test_identity():
     assert (TpuPlatform.name, TpuPlatform.device_type, TpuPlatform.distributed_backend) == ("tpu", "xla", "xla")

@@ -1,8 +1,9 @@
 """The engine in its own thread, driven from asyncio: add a request, stream it, abort it.
 
-The engine thread is the only one that touches the engine; the event loop only moves
-requests in and outputs out (DESIGN.md §6), so the HTTP front end stays responsive while
-the engine is saturated. Commands travel on a queue; outputs come back through
+The engine is built in its own thread (the platform's ``init_device`` runs there, once,
+and may bind it) and that thread is the only one that touches it; the event loop only
+moves requests in and outputs out, so the HTTP front end stays responsive while the
+engine is saturated. Commands travel on a queue; outputs come back through
 ``loop.call_soon_threadsafe``.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -31,30 +31,23 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     """Wraps an :class:`LLMEngine` with a stepping thread and an asyncio interface."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    def __init__(self, build: Callable[[], LLMEngine]) -> None:
+        """Build the engine with ``build()`` in the engine thread, then place the calling
+        (front-end) thread as the platform wants.
+
+        :raises Exception: whatever ``build`` raised (a bad setting, no device).
+        """
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
-        self._stats: dict[str, Any] = engine.stats()
-        self.step_hooks: list[Callable[[list[RequestOutput]], None]] = []  # run in the engine thread
-        self._bound = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="core-engine", daemon=True)
+        self.engine: LLMEngine
+        self._stats: dict[str, Any] = {}
+        built: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(build, built), name="core-engine", daemon=True)
         self._thread.start()
-        self._bound.wait()
-        self._leave_compute_cpus()
-
-    def _leave_compute_cpus(self) -> None:
-        """Move the calling (front-end) thread to the CPUs the platform leaves it.
-
-        Building the engine bound this thread for the load and profile run; the engine
-        thread now owns those CPUs, and the front end must not compete with it there.
-        """
-        cpus = self.engine.platform.get_extension("frontend_cpus")
-        if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
-            logger.info("front end threads on CPUs %s", sorted(cpus))
+        built.result()
+        self.engine.platform.place_frontend_thread()
 
     # -- asyncio side --------------------------------------------------------------------
     @property
@@ -120,10 +113,6 @@ class AsyncEngine:
         """Abort a request (no-op when it is unknown or done)."""
         await asyncio.wrap_future(self._call(lambda: self.engine.abort_request(request_id)))
 
-    async def run_in_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
-        """Run ``fn(engine)`` in the engine thread between steps and return its result."""
-        return await asyncio.wrap_future(self._call(lambda: fn(self.engine)))
-
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort what is in flight and stop the engine thread."""
         if not self._thread.is_alive():
@@ -147,12 +136,14 @@ class AsyncEngine:
             loop, outputs = stream
             loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-    def _run(self) -> None:
-        # bind this thread (and the compute threads it spawns) as the platform wants
+    def _run(self, build: Callable[[], LLMEngine], built: concurrent.futures.Future) -> None:
         try:
-            self.engine.platform.init_device(self.engine.config)
-        finally:
-            self._bound.set()
+            self.engine = build()
+            self._stats = self.engine.stats()
+        except BaseException as exc:  # handed to the constructor's caller
+            built.set_exception(exc)
+            return
+        built.set_result(None)
         while not self._stop.is_set():
             while True:
                 try:
@@ -177,5 +168,3 @@ class AsyncEngine:
             self._stats = self.engine.stats()  # before delivering: a client that saw a token sees its request counted
             for out in outputs:
                 self._deliver(out)
-            for hook in self.step_hooks:
-                hook(outputs)

@@ -47,6 +47,11 @@ def _env_rows(records: list[PluginRecord]) -> list[dict]:
     for r in records:
         for var in r.platform.env_vars if r.platform else ():
             raw = var.raw(os.environ)
+            try:
+                var.read(os.environ)
+                error = None
+            except EnvConfigError as exc:
+                error = str(exc)
             rows.append(
                 {
                     "plugin": r.name,
@@ -55,6 +60,7 @@ def _env_rows(records: list[PluginRecord]) -> list[dict]:
                     "set_as": raw[0] if raw else None,
                     "default": var.default,
                     "help": var.help,
+                    "error": error,
                 }
             )
     return rows
@@ -79,14 +85,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
                     [
                         r["plugin"],
                         r["variable"],
-                        "(unset)" if r["value"] is None else r["value"],
+                        "(unset)" if r["value"] is None else r["value"] + (" (INVALID)" if r["error"] else ""),
                         r["default"],
                         r["help"],
                     ]
                     for r in rows
                 ],
             )
-        return 0
+        errors = [r["error"] for r in rows if r["error"]]
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 1 if errors else 0
     rows = _device_rows(records)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
@@ -138,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("CORE_API_KEY"))
     serve.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 503")
     serve.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/SIGINT, seconds the requests in flight get to finish before they are aborted (0: at once)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     add_bench_parser(sub)

@@ -1,14 +1,15 @@
-"""Engine configuration: one dataclass, shared by the CLI, the server and ``LLM``."""
+"""The user's engine settings: one dataclass, shared by the CLI, the server and ``LLM``.
+
+They are validated and settled (platform overrides, dtype, lengths) once, by
+:func:`core.resolve.resolve_engine`, into the read-only :class:`plugins.EngineConfigView`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
 from dataclasses import dataclass
-from typing import Any
 
-logger = logging.getLogger(__name__)
+from plugins import Platform
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXECUTOR_BACKENDS = ("mp", "ray")
@@ -19,7 +20,7 @@ class EngineConfig:
     """Settings of one engine. Field names follow vLLM's engine arguments."""
 
     model: str | None = None  # HF directory, .gguf file or hub id; None = the default model
-    device: str = "auto"
+    device: str | Platform | type[Platform] = "auto"  # a plugin name, "auto", or a Platform (class or instance)
     dtype: str = "auto"  # auto = the platform's first supported dtype
     quantization: str | None = None  # None, "int8" (weight-only) or "gguf" (kept as in the file)
     max_model_len: int | None = None  # None = the model's own limit
@@ -36,44 +37,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks one model is split over
     data_parallel_size: int = 1  # engine replicas behind one server
     distributed_executor_backend: str = "mp"  # how tensor-parallel workers run: "mp" or "ray"
-    rank: int = 0  # this worker's rank (global over data x tensor parallel), set by the executor
-    local_rank: int = 0
-
-    def validate(self) -> None:
-        """Reject impossible settings with a message naming the field."""
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
-            raise ValueError(
-                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                f"got {self.distributed_executor_backend!r}"
-            )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size",
-                     "data_parallel_size"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-
-    def apply_overrides(self, overrides: dict[str, Any], source: str) -> None:
-        """Merge a platform's ``check_config`` overrides, logging each change."""
-        fields = {f.name for f in dataclasses.fields(self)}
-        for key, value in overrides.items():
-            if key not in fields:
-                raise ValueError(f"{source} overrides unknown engine setting {key!r}")
-            if getattr(self, key) != value:
-                logger.info("%s sets %s=%r (was %r)", source, key, value, getattr(self, key))
-                setattr(self, key, value)
-        self.validate()
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add vLLM's engine flags (DESIGN.md §6) to ``parser``."""
+    """Add vLLM's engine flags to ``parser``."""
     d = EngineConfig()
     parser.add_argument(
         "model",
@@ -135,5 +102,4 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         data_parallel_size=args.data_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
     )
-    config.validate()
     return config

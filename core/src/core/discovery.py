@@ -1,4 +1,4 @@
-"""Discover backend plugins and select the platform to run on (DESIGN.md §4).
+"""Discover backend plugins and select the platform to run on.
 
 Each entry point of the group ``core.platforms`` is imported on its own, so a plugin
 that fails to import is reported with its error and skipped without breaking the
@@ -9,6 +9,7 @@ depends on pluggy's call order: it is explicit (priority, then name).
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import pluggy
 import plugins
 from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError, hookspecs
+from plugins.hookspecs import FIRST_PARTY_DEVICES
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ class PluginRecord:
     version: str
     platform: Platform | None = None
     error: str | None = None
+    #: not loaded because ``CORE_PLUGINS`` does not name it
+    left_out: bool = False
     _available: bool | None = field(default=None, repr=False)
     _reason: str | None = field(default=None, repr=False)
 
@@ -86,14 +90,17 @@ def _instantiate(result: object, entry_name: str) -> Platform:
 
 
 def discover(environ: Mapping[str, str] | None = None) -> list[PluginRecord]:
-    """Load every plugin of the ``core.platforms`` group and return one record each, sorted by name."""
+    """Load every plugin of the ``core.platforms`` group and return one record each, sorted by name.
+
+    A plugin that ``CORE_PLUGINS`` leaves out is not imported; its record says so.
+    """
     environ = os.environ if environ is None else environ
     wanted = _plugin_filter(environ)
     manager = pluggy.PluginManager(plugins.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
     records: dict[str, PluginRecord] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in records or (wanted is not None and ep.name not in wanted):
+        if ep.name in records:
             continue
         dist = ep.dist
         record = PluginRecord(
@@ -102,6 +109,10 @@ def discover(environ: Mapping[str, str] | None = None) -> list[PluginRecord]:
             version=dist.version if dist is not None else "?",
         )
         records[ep.name] = record
+        if wanted is not None and ep.name not in wanted:
+            record.left_out = True
+            record.error = f"not loaded: CORE_PLUGINS={environ['CORE_PLUGINS'].strip()} leaves it out"
+            continue
         try:
             module = ep.load()
             manager.register(module, name=ep.name)
@@ -128,9 +139,16 @@ def select_platform(device: str, records: list[PluginRecord]) -> Platform:
     if device == "auto":
         usable = [r for r in records if r.is_available]
         if not usable:
-            reasons = "; ".join(f"{r.name}: {r.reason}" for r in records) or "no plugin installed"
+            names_by_reason: dict[str, list[str]] = {}
+            for r in records:
+                names_by_reason.setdefault(r.reason or "not available", []).append(r.name)
+            reasons = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in names_by_reason.items())
+            if any(r.left_out for r in records):
+                fix = "Name an installed plugin in CORE_PLUGINS, or unset it"
+            else:
+                fix = f"Install a backend: {_how_to_install()}"
             raise PlatformUnavailable(
-                f"No available device for --device auto ({reasons}). Install a backend, e.g. pip install plugin_cpu_x86"
+                f"No available device for --device auto ({reasons or 'no plugin installed'}). {fix}"
             )
         chosen = min(usable, key=lambda r: (-r.platform.priority, r.platform.name))
         others = ", ".join(
@@ -148,10 +166,21 @@ def select_platform(device: str, records: list[PluginRecord]) -> Platform:
     record = by_name.get(device)
     if record is None:
         installed = ", ".join(sorted(by_name)) or "none"
-        raise PlatformUnavailable(
-            f"Unknown device '{device}'. Installed: {installed}. To add it: pip install plugin_{device}"
-        )
+        if device in FIRST_PARTY_DEVICES:
+            how = f"To add it: pip install plugin_{device}"
+        else:
+            close = difflib.get_close_matches(device, sorted({*by_name, *FIRST_PARTY_DEVICES}), n=1)
+            guess = f"Did you mean '{close[0]}'? " if close else ""
+            how = f"{guess}No backend of this project is called '{device}'; {_how_to_install()}"
+        raise PlatformUnavailable(f"Unknown device '{device}'. Installed: {installed}. {how}")
     if not record.is_available:
         raise PlatformUnavailable(f"Device '{device}' is installed but unavailable: {record.reason}")
     logger.info("selected %s (requested by --device)", device)
     return record.platform
+
+
+def _how_to_install() -> str:
+    return (
+        f"pip install plugin_<name> for one of this project's backends ({', '.join(FIRST_PARTY_DEVICES)}); "
+        f"a third-party backend (a package with a '{ENTRY_POINT_GROUP}' entry point) comes with its own pip command"
+    )

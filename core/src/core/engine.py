@@ -1,13 +1,15 @@
 """The synchronous engine: ``add_request`` then ``step`` until done.
 
-A step reads ``schedule -> run -> sample -> postprocess``: the scheduler picks tokens,
-the model runner runs them on the platform, the sampler picks next tokens, and each
-request's state turns them into text and outputs.
+A step reads ``schedule -> run -> sample -> update -> outputs``: the scheduler picks
+tokens, the model runner runs them on the platform, the sampler picks next tokens, the
+scheduler and each request's state take them (the state decides stop and max_tokens,
+the scheduler caps length at max_model_len and the cache), and the states build outputs.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import itertools
 import logging
@@ -15,20 +17,16 @@ import time
 from typing import Any
 
 import torch
-from plugins import Platform
 
 from core.block_manager import BlockManager
 from core.config import EngineConfig
-from core.detokenizer import IncrementalDetokenizer, StopChecker
-from core.discovery import discover, select_platform
 from core.distributed.executor import make_executor
-from core.distributed.worker import resolve_max_model_len
-from core.outputs import RequestMetrics, RequestOutput
-from core.request_state import Completion, RequestState
-from core.sampler import Sampler, SamplingState, make_generator, prompt_logprobs_for
+from core.outputs import RequestOutput
+from core.request_state import Completion, RequestState, build_request
+from core.resolve import resolve_engine
+from core.sampler import Sampler, SamplerOutput, SamplingState
 from core.sampling_params import SamplingParams
-from core.scheduler import Scheduler
-from core.sequence import Sequence
+from core.scheduler import ScheduledSeq, Scheduler
 
 logger = logging.getLogger(__name__)
 # engines gc.freeze() what they keep (LLMEngine.__init__); at exit it goes back to the
@@ -36,39 +34,32 @@ logger = logging.getLogger(__name__)
 atexit.register(gc.unfreeze)
 
 
-def resolve_platform(device: str | Platform) -> Platform:
-    """A platform instance for ``device``: a Platform (used as is) or a name / ``auto``."""
-    if isinstance(device, Platform):
-        return device
-    if isinstance(device, type) and issubclass(device, Platform):
-        return device()
-    return select_platform(device, discover())
-
-
 class LLMEngine:
-    """Owns the model, KV cache, scheduler and sampler of one platform."""
+    """Owns the model, KV cache, scheduler and sampler of one platform.
 
-    def __init__(
-        self, config: EngineConfig, platform: Platform | str | None = None, skip_tokenizer_init: bool = False
-    ) -> None:
-        config.validate()
-        self.config = config
-        self.platform = resolve_platform(platform if platform is not None else config.device)
-        config.apply_overrides(self.platform.check_config(config), f"platform {self.platform.name}")
-        self.dtype = self._resolve_dtype()
-        torch.manual_seed(config.seed)
+    Build it in the thread that will step it: with one rank the platform's
+    ``init_device`` runs here, once, and may bind the calling thread; a model split over
+    ranks (or one replica of several) runs in the executor's worker processes.
+    """
+
+    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, data_parallel_rank: int = 0) -> None:
+        """:param data_parallel_rank: which of ``config.data_parallel_size`` replicas this engine is
+        (its workers take global ranks from ``data_parallel_rank * tensor_parallel_size``)."""
         started = time.perf_counter()
-        # the model runs in the executor's workers: here for one rank, in worker processes when split
-        self.executor = make_executor(self.platform, config, load_tokenizer=not skip_tokenizer_init)
+        resolved = resolve_engine(config)
+        first_rank = data_parallel_rank * resolved.config.tensor_parallel_size
+        self.platform = resolved.platform
+        self.config = config = dataclasses.replace(resolved.config, rank=first_rank, local_rank=first_rank)
+        torch.manual_seed(config.seed)
+        self.executor = make_executor(self.platform, config, resolved.model, load_tokenizer=not skip_tokenizer_init)
         self.loaded = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
-        config.max_model_len = resolve_max_model_len(config.max_model_len, self.loaded.max_model_len)
         self.kv_plan = self.executor.kv_plan
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+            max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
@@ -95,16 +86,6 @@ class LLMEngine:
             config.max_model_len,
             tokens / config.max_model_len,
         )
-
-    def _resolve_dtype(self) -> torch.dtype:
-        supported = self.platform.supported_dtypes
-        name = supported[0] if self.config.dtype == "auto" else self.config.dtype
-        if name not in supported:
-            raise ValueError(
-                f"dtype {name!r} is not supported on {self.platform.name}; supported: {', '.join(supported)}"
-            )
-        self.config.dtype = name
-        return getattr(torch, name)
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -138,79 +119,34 @@ class LLMEngine:
         """Queue a request. Raises ValueError (naming the problem) when it can never run."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = params or SamplingParams()
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("a request needs a prompt or prompt_token_ids")
             prompt_token_ids = self.tokenize(prompt)
-        prompt_token_ids = list(prompt_token_ids)
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: it must hold at least one token")
-        vocab = self.loaded.hf_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), the vocabulary of the model")
-        max_len = self.config.max_model_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else max_len - len(prompt_token_ids)
-        if len(prompt_token_ids) + max(max_tokens, 1) > max_len:
+        state = build_request(
+            request_id,
+            prompt,
+            list(prompt_token_ids),
+            params or SamplingParams(),
+            seq_ids=self._seq_ids,
+            tokenizer=self.tokenizer,
+            vocab_size=self.loaded.hf_config.vocab_size,
+            eos_token_ids=self.loaded.eos_token_ids,
+            max_model_len=self.config.max_model_len,
+            device=self.platform.torch_device(),
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+            priority=priority,
+        )
+        num_tokens = len(state.prompt_token_ids) + state.params.max_tokens
+        if not self.scheduler.can_ever_fit(num_tokens):
             raise ValueError(
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{len(prompt_token_ids) + max_tokens} tokens ({len(prompt_token_ids)} in the prompt, {max_tokens} "
-                "for the completion). Please reduce the prompt or max_tokens."
-            )
-        if not self.scheduler.can_ever_fit(len(prompt_token_ids) + max_tokens):
-            raise ValueError(
-                f"request needs {len(prompt_token_ids) + max_tokens} tokens of KV cache; the whole cache holds "
+                f"request needs {num_tokens} tokens of KV cache; the whole cache holds "
                 f"{self.kv_plan.num_blocks * self.config.block_size}"
             )
-        params = params.clone(max_tokens=max_tokens)
-        arrival = arrival_time if arrival_time is not None else time.time()
-        completions = []
-        for index in range(params.n):
-            seq = Sequence(
-                next(self._seq_ids),
-                request_id,
-                prompt_token_ids,
-                params,
-                arrival,
-                priority,
-                skip_prefix_cache=params.prompt_logprobs is not None,  # every prompt position must be computed
-            )
-            seed = None if params.seed is None else params.seed + index
-            completions.append(
-                Completion(
-                    seq=seq,
-                    detokenizer=self._detokenizer(prompt_token_ids, params),
-                    stop_checker=StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens)
-                    if params.stop
-                    else None,
-                    generator=None if seed is None else make_generator(seed, self.platform.torch_device()),
-                )
-            )
-        state = RequestState(
-            request_id=request_id,
-            prompt=prompt,
-            prompt_token_ids=prompt_token_ids,
-            params=params,
-            completions=completions,
-            stop_ids=frozenset(params.stop_ids_for(self.loaded.eos_token_ids)),
-            tokenizer=self.tokenizer,
-            metrics=RequestMetrics(arrival_time=arrival),
-            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
-        )
         self.requests[request_id] = state
-        for c in completions:
+        for c in state.completions:
             self._by_seq[c.seq.seq_id] = (state, c)
             self.scheduler.add(c.seq)
-
-    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
-        if self.tokenizer is None:
-            return None
-        return IncrementalDetokenizer(
-            self.tokenizer,
-            prompt_token_ids,
-            skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens,
-        )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a waiting or running request; returns its final output, None if unknown."""
@@ -234,15 +170,36 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        now = time.time()
-        for item in sched.scheduled:
-            state, _ = self._by_seq[item.seq.seq_id]
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.metrics.time_in_queue = now - state.metrics.arrival_time
+        self._mark_scheduled(sched.scheduled)
         logits = self.executor.execute(sched.scheduled)
-        self._record_prompt_logprobs(logits.prompt_logits)
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
+        sampled = self._sample(logits.sample_logits, entries)
+        token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=True)) if sampled else {}
+        self.scheduler.update(sched, token_ids)
+        for seq_id, (first_pos, rows) in logits.prompt_logits.items():
+            state, c = self._by_seq[seq_id]
+            state.record_prompt_logprobs(c, first_pos, rows)
+        for row, (state, c) in enumerate(entries):
+            if c.seq.is_finished and c.seq.finish_reason != "length":
+                continue  # got no token (ended before the update); a length cap still records its last one
+            status = state.record_token(
+                c, token_ids[c.seq.seq_id], sampled.logprobs[row], sampled.ranks[row], sampled.top_logprobs[row]
+            )
+            if status is not None:
+                self.scheduler.finish(c.seq, status)  # keeps a length cap the scheduler set first
+        return self._outputs({state.request_id: state for state, _ in entries})
+
+    def _mark_scheduled(self, scheduled: list[ScheduledSeq]) -> None:
+        now = time.time()
+        for item in scheduled:
+            metrics = self._by_seq[item.seq.seq_id][0].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.time_in_queue = now - metrics.arrival_time
+
+    def _sample(self, logits: torch.Tensor, entries: list[tuple[RequestState, Completion]]) -> SamplerOutput | None:
+        if not entries:
+            return None
         states = [
             SamplingState(
                 params=state.params,
@@ -253,21 +210,9 @@ class LLMEngine:
             )
             for state, c in entries
         ]
-        sampled = self.sampler(logits.sample_logits, states) if states else None
-        token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=False)) if sampled else {}
-        self.scheduler.update(sched, token_ids)
+        return self.sampler(logits, states)
 
-        touched: dict[str, RequestState] = {}
-        for row, (state, c) in enumerate(entries):
-            seq = c.seq
-            touched[state.request_id] = state
-            if seq.is_finished and seq.finish_reason != "length":
-                continue
-            status = state.record_token(
-                c, token_ids[seq.seq_id], sampled.logprobs[row], sampled.ranks[row], sampled.top_logprobs[row]
-            )
-            if status is not None:
-                self.scheduler.finish(seq, status)
+    def _outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = []
         for state in touched.values():
             state.num_cached_tokens = max(c.seq.num_cached_tokens for c in state.completions)
@@ -278,17 +223,9 @@ class LLMEngine:
             outputs.append(state.to_output())
         return outputs
 
-    def _record_prompt_logprobs(self, prompt_logits: dict[int, tuple[int, torch.Tensor]]) -> None:
-        for seq_id, (first_pos, rows) in prompt_logits.items():
-            state, c = self._by_seq[seq_id]
-            if c is not state.completions[0] or state.prompt_logprobs is None:
-                continue  # siblings share the prompt: record it once
-            if len(state.prompt_logprobs) != first_pos + 1:
-                continue  # recomputed after preemption: already recorded
-            targets = c.seq.prompt_token_ids[first_pos + 1 : first_pos + 1 + rows.shape[0]]
-            state.prompt_logprobs.extend(
-                prompt_logprobs_for(rows, targets, state.params.prompt_logprobs, decode=state.decode_token)
-            )
+    def check_health(self) -> None:
+        """Raise :class:`core.distributed.executor.WorkerFailed` when a worker of an idle engine died or hung."""
+        self.executor.check_health()
 
     def shutdown(self) -> None:
         """Stop the executor's workers (worker processes or actors, when the model is split)."""

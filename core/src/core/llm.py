@@ -23,7 +23,8 @@ class LLM:
     :param skip_tokenizer_init: run without a tokenizer (prompts as token ids only).
     :param engine_kwargs: any :class:`core.config.EngineConfig` field (``dtype``,
         ``max_model_len``, ``max_num_seqs``, ``block_size``, ``enable_prefix_caching``,
-        ``kv_cache_bytes``, ``quantization``, ``seed``, ...).
+        ``kv_cache_bytes``, ``quantization``, ``seed``, ``tensor_parallel_size``,
+        ``distributed_executor_backend``, ...).
     """
 
     def __init__(
@@ -33,8 +34,13 @@ class LLM:
         skip_tokenizer_init: bool = False,
         **engine_kwargs: Any,
     ) -> None:
-        config = EngineConfig(model=model, device=device if isinstance(device, str) else "auto", **engine_kwargs)
-        self.engine = LLMEngine(config, platform=device, skip_tokenizer_init=skip_tokenizer_init)
+        config = EngineConfig(model=model, device=device, **engine_kwargs)
+        if config.data_parallel_size != 1:
+            raise ValueError(
+                f"data_parallel_size={config.data_parallel_size}: LLM runs one engine; "
+                "serve replicas with core serve --data-parallel-size"
+            )
+        self.engine = LLMEngine(config, skip_tokenizer_init=skip_tokenizer_init)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:

@@ -10,12 +10,11 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
-from plugins import Platform
+from plugins import EngineConfigView, Platform
 from plugins.attention import AttentionMetadata
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
 
-from core.config import EngineConfig
 from core.loader import LoadedModel
 from core.scheduler import ScheduledSeq
 
@@ -35,12 +34,12 @@ class StepLogits:
 class ModelRunner:
     """Runs the model of ``loaded`` on ``platform`` for batches chosen by the scheduler."""
 
-    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfig, dtype: torch.dtype) -> None:
+    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfigView) -> None:
         self.platform = platform
         self.loaded = loaded
         self.model = loaded.model
         self.config = config
-        self.dtype = dtype
+        self.dtype = config.torch_dtype
         self.device = platform.torch_device()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -77,19 +76,14 @@ class ModelRunner:
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         with torch.inference_mode():
-            hidden = self.platform.runner.execute(self.model, caches, ModelInputs(ids, positions, meta))
+            hidden = self.platform.runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
             self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         self.platform.synchronize()
 
-    def plan_and_allocate_kv_cache(self) -> KVCachePlan:
-        """Profile (if the platform's profiler needs it), ask the platform how many blocks fit,
-        allocate them, prepare the runner."""
-        plan = self.plan_kv_cache()
-        self.allocate_kv_cache(plan.num_blocks)
-        return plan
-
     def plan_kv_cache(self) -> KVCachePlan:
-        """How many KV blocks fit (profiling first if the platform's profiler needs it)."""
+        """The KV plan, settled once: the profile pass (if the platform's profiler needs it),
+        the platform's budget in blocks, then core's bounds (enough for one full-length
+        sequence, no more than can ever be used)."""
         memory = self.platform.memory
         peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
         plan = memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
@@ -110,8 +104,8 @@ class ModelRunner:
             )
         return plan
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` KV blocks and prepare the platform's runner on them."""
+    def allocate_and_prepare(self, num_blocks: int) -> None:
+        """Allocate the KV cache and bind it, with the model, to the platform's runner."""
         self.kv_caches = self._allocate(num_blocks)
         self.platform.runner.prepare(self.model, self.kv_caches, self.config)
 
@@ -131,7 +125,7 @@ class ModelRunner:
             meta,
         )
         with torch.inference_mode():
-            hidden = self.platform.runner.execute(self.model, self.kv_caches, inputs)
+            hidden = self.platform.runner.execute(inputs)
             rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
             sample_logits = self.model.compute_logits(hidden.index_select(0, rows))
             prompt_logits = {

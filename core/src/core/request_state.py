@@ -1,20 +1,27 @@
-"""Per-request bookkeeping after sampling: stop checks, detokenization, logprobs, outputs.
+"""A request in flight: how it is built, what it has produced, and when it is done.
 
-One :class:`RequestState` holds the ``n`` sequences of a request, their incremental
-detokenizers and what has been produced so far, and builds the request's
+:func:`build_request` checks a new request and builds its :class:`RequestState`: the
+``n`` sequences, their incremental detokenizers, stop checkers and generators.
+After each step :meth:`RequestState.record_token` accounts for a sampled token and
+decides whether the sequence is finished (the one place that decides it, with the
+scheduler's cap on length); :meth:`RequestState.to_output` builds the request's
 :class:`~core.outputs.RequestOutput`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from core.detokenizer import IncrementalDetokenizer, StopChecker
 from core.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
+from core.sampler import logprob_dict, make_generator, prompt_logprobs_for
 from core.sampling_params import SamplingParams
-from core.sequence import Sequence, SequenceStatus
+from core.sequence import Sequence, SequenceStatus, check_length
 
 
 @dataclass
@@ -45,7 +52,6 @@ class RequestState:
     metrics: RequestMetrics
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -68,12 +74,9 @@ class RequestState:
         params, seq = self.params, completion.seq
         if logprob is not None:  # only rows that asked for logprobs carry them
             completion.cumulative_logprob += logprob
-            entry = {token_id: Logprob(logprob, rank, self.decode_token(token_id))}
-            for rank_i, (tid, lp) in enumerate(top or [], start=1):
-                entry.setdefault(tid, Logprob(lp, rank_i, self.decode_token(tid)))
             if completion.logprobs is None:
                 completion.logprobs = []
-            completion.logprobs.append(entry)
+            completion.logprobs.append(logprob_dict(token_id, logprob, rank, top or [], self.decode_token))
         now = time.time()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
@@ -95,6 +98,17 @@ class RequestState:
         if seq.num_output_tokens >= params.max_tokens:
             return SequenceStatus.FINISHED_LENGTH
         return None
+
+    def record_prompt_logprobs(self, completion: Completion, first_pos: int, logits: torch.Tensor) -> None:
+        """Prompt logprobs of positions ``first_pos + 1 ...`` from the logits of one prompt chunk."""
+        if completion is not self.completions[0] or self.prompt_logprobs is None:
+            return  # siblings share the prompt: record it once
+        if len(self.prompt_logprobs) != first_pos + 1:
+            return  # recomputed after preemption: already recorded
+        targets = self.prompt_token_ids[first_pos + 1 : first_pos + 1 + logits.shape[0]]
+        self.prompt_logprobs.extend(
+            prompt_logprobs_for(logits, targets, self.params.prompt_logprobs, decode=self.decode_token)
+        )
 
     def to_output(self) -> RequestOutput:
         """The request's outputs so far (cumulative text and tokens)."""
@@ -124,3 +138,63 @@ class RequestState:
             metrics=self.metrics,
             num_cached_tokens=self.num_cached_tokens,
         )
+
+
+def build_request(
+    request_id: str,
+    prompt: str | None,
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    *,
+    seq_ids: Iterator[int],
+    tokenizer: Any,
+    vocab_size: int,
+    eos_token_ids: list[int],
+    max_model_len: int,
+    device: torch.device,
+    arrival_time: float,
+    priority: int = 0,
+) -> RequestState:
+    """Check a new request against the model and build its state (``params.n`` sequences).
+
+    :raises ValueError: an empty prompt, token ids outside the vocabulary, or a request
+        longer than ``max_model_len`` (:func:`core.sequence.check_length`).
+    """
+    if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), the vocabulary of the model")
+    params = params.clone(max_tokens=check_length(len(prompt_token_ids), params.max_tokens, max_model_len))
+    completions = []
+    for index in range(params.n):
+        seq = Sequence(
+            next(seq_ids),
+            request_id,
+            prompt_token_ids,
+            params,
+            arrival_time,
+            priority,
+            skip_prefix_cache=params.prompt_logprobs is not None,  # every prompt position must be computed
+        )
+        detokenizer = None
+        if tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(
+                tokenizer,
+                prompt_token_ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
+        stop_checker = (
+            StopChecker(params.stop, params.include_stop_str_in_output, params.min_tokens) if params.stop else None
+        )
+        generator = None if params.seed is None else make_generator(params.seed + index, device)
+        completions.append(Completion(seq, detokenizer, stop_checker, generator))
+    return RequestState(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=prompt_token_ids,
+        params=params,
+        completions=completions,
+        stop_ids=frozenset(params.stop_ids_for(eos_token_ids)),
+        tokenizer=tokenizer,
+        metrics=RequestMetrics(arrival_time=arrival_time),
+        prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+    )

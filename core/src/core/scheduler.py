@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 
 from core.block_manager import BlockManager
-from core.sequence import Sequence, SequenceStatus
+from core.sequence import Sequence, SequenceStatus, check_length
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +135,7 @@ class Scheduler:
         """Queue a new sequence. Raises ValueError when its prompt can never run."""
         if seq.status is not SequenceStatus.WAITING:
             raise ValueError(f"Sequence {seq.seq_id} is {seq.status.name}, expected WAITING")
-        if seq.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"Request {seq.request_id!r}: prompt of {seq.num_prompt_tokens} tokens exceeds "
-                f"max_model_len {self.max_model_len}"
-            )
+        check_length(seq.num_prompt_tokens, 0, self.max_model_len)
         if not self.block_manager.can_ever_fit(seq.num_prompt_tokens):
             bm = self.block_manager
             raise ValueError(

@@ -12,6 +12,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class ContextLengthError(ValueError):
+    """A request that cannot fit the model's context; ``param`` names the request field to change."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The request's ``max_tokens`` (None: all the context leaves), once the prompt and it fit.
+
+    The one length check of a request, used by the server's front end, the engine and the
+    scheduler (which passes ``max_tokens=0``: the prompt alone must fit).
+
+    :raises ContextLengthError: an empty prompt, or more than ``max_model_len`` tokens
+        (a prompt that leaves no room for one output token when ``max_tokens`` is None).
+    """
+    if num_prompt_tokens == 0:
+        raise ContextLengthError("the prompt is empty: it must hold at least one token", "prompt")
+    wanted = num_prompt_tokens + (1 if max_tokens is None else max_tokens)
+    if wanted > max_model_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {max_model_len} tokens (max_model_len). However, you "
+            f"requested {wanted} tokens ({num_prompt_tokens} in the prompt, {max_tokens or 0} for the completion). "
+            "Please reduce the prompt or max_tokens.",
+            "max_tokens" if num_prompt_tokens < max_model_len else "prompt",
+        )
+    return max_model_len - num_prompt_tokens if max_tokens is None else max_tokens
+
+
 class SequenceStatus(enum.Enum):
     """Where a sequence is in its lifecycle; the ``FINISHED_*`` members say why it ended."""
 

@@ -79,9 +79,9 @@ class MpsMemoryProfiler(MemoryProfiler):
         torch.mps.synchronize()
         return max(0, torch.mps.driver_allocated_memory() - before)
 
-    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
+    def kv_cache_budget(self, config: plugins.EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
         space = self.platform.env["APPLE_KVCACHE_SPACE"]
-        if getattr(config, "kv_cache_bytes", None) or space <= 0:
+        if config.kv_cache_bytes or space <= 0:
             return super().kv_cache_budget(config, peak_activation_bytes)
         return int(space * GiB), f"APPLE_KVCACHE_SPACE={space} GiB"
 
@@ -100,7 +100,7 @@ class ApplePlatform(plugins.Platform):
     name = "apple"
     device_type = "mps"
     priority = 50
-    api_version = 1
+    api_version = 2
     # bfloat16 works only from macOS 14 on: check_config rejects it before that
     supported_dtypes = ("float16", "float32")
     distributed_backend = "gloo"
@@ -110,7 +110,7 @@ class ApplePlatform(plugins.Platform):
         EnvVar("APPLE_KVCACHE_SPACE", float, 0.0, "KV cache size in GiB of unified memory; 0 lets the memory profiler decide"),
     )  # fmt: skip
 
-    def _reason(self) -> str | None:
+    def unavailable_reason(self) -> str | None:
         return probe(
             _platform.system(),
             _platform.machine(),
@@ -118,12 +118,6 @@ class ApplePlatform(plugins.Platform):
             importlib.util.find_spec("torch") is not None,
             torch_mps_available(),
         )
-
-    def is_available(self) -> bool:
-        return self._reason() is None
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason()
 
     def device_info(self) -> dict[str, Any]:
         version = parse_version(_platform.mac_ver()[0])
@@ -134,15 +128,15 @@ class ApplePlatform(plugins.Platform):
             info["unified_memory_gib"] = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB, 1)
         return info
 
-    def check_config(self, config: Any) -> dict[str, Any]:
-        if getattr(config, "dtype", "auto") == "bfloat16":
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
+        if config.dtype == "bfloat16":
             version = parse_version(_platform.mac_ver()[0])
             if version < BF16_MACOS:
                 shown = ".".join(map(str, version)) or "unknown"
                 raise ValueError(f"bfloat16 on MPS needs macOS 14 or later, this is macOS {shown}; use --dtype float16")
         return {}
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: plugins.EngineConfigView) -> None:
         # both variables are read when MPS first allocates, so they must be set before that
         mirrors = {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": self.env["APPLE_MPS_HIGH_WATERMARK_RATIO"]}
         mirrors["PYTORCH_ENABLE_MPS_FALLBACK"] = "1" if self.env["APPLE_MPS_FALLBACK"] else None

@@ -8,7 +8,8 @@ import platform as _platform
 from typing import Any
 
 import plugins
-from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+from plugins.cpu import CpuPlatform
+from plugins.host import cpuinfo_features, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -38,23 +39,17 @@ def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, bool]]:
     return None, flags
 
 
-class CpuArmPlatform(plugins.Platform):
-    """Runs on the host's ARM cores. The kernels are the SDK's torch reference ones."""
+class CpuArmPlatform(CpuPlatform):
+    """Runs on the host's ARM cores. The kernels are the SDK's torch reference ones;
+    binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`)."""
 
     name = "cpu_arm"
-    device_type = "cpu"
-    priority = 10
-    api_version = 1
+    api_version = 2
     # vLLM's ARM backend runs float32, float16 and bfloat16; bf16/fp16 speed needs the ISA
     supported_dtypes = ("float32", "bfloat16", "float16")
-    env_vars = cpu_env_vars()
-    distributed_backend = "gloo"
 
     def _probe(self) -> tuple[str | None, dict[str, bool]]:
         return probe(_platform.machine(), read_text("/proc/cpuinfo"))
-
-    def is_available(self) -> bool:
-        return self._probe()[0] is None
 
     def unavailable_reason(self) -> str | None:
         return self._probe()[0]
@@ -63,17 +58,11 @@ class CpuArmPlatform(plugins.Platform):
         flags = self._probe()[1]
         return {"name": _platform.processor() or _platform.machine(), "count": os.cpu_count(), "isa": flags}
 
-    def check_config(self, config: Any) -> dict[str, Any]:
-        dtype = getattr(config, "dtype", "auto")
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
+        dtype = config.dtype
         if dtype in ("float16", "bfloat16"):
             flag = "fp16" if dtype == "float16" else "bf16"
             if not self._probe()[1][flag]:
                 # torch still runs it, through slow conversions: say so, but allow it
                 logger.warning("%s requested but this CPU lacks the %s extension", dtype, flag)
         return {}
-
-    def init_device(self, config: Any) -> None:
-        bind_threads(self.env, config)
-
-    def make_memory_profiler(self):
-        return CpuMemoryProfiler(self)

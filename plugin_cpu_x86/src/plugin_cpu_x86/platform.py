@@ -1,75 +1,36 @@
-"""The x86 CPU platform: ISA-dispatched C++ kernels, thread binding, KV budgeting."""
+"""The x86 CPU platform: ISA-dispatched C++ kernels, quantized activations, fused decode.
+
+Thread binding, the ``CPU_*`` variables and the KV budget are the CPU family's
+(:class:`plugins.cpu.CpuPlatform`).
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import plugins
+from plugins.cpu import CPU_ENV_VARS, CpuPlatform
+from plugins.host import process_cpus
 from plugins.memory import GiB, host_memory
 
-from plugin_cpu_x86.cpuinfo import X86_MACHINES, machine, parse_threads_bind, plan_compute_cpus, read_cpuinfo
+from plugin_cpu_x86.cpuinfo import X86_MACHINES, machine, read_cpuinfo
 
 logger = logging.getLogger(__name__)
 
 
-def _kv_space(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError("must be >= 0 (GiB; 0 = auto)")
-    return value
-
-
-def _reserved(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-_process_cpus: list[int] | None = None
-
-
-def process_cpus() -> list[int]:
-    """The CPUs this process may use, as read before the first thread binding.
-
-    Binding pins the calling thread to one CPU; a thread it starts later (the server's
-    engine thread) and a second engine built in the same thread would otherwise take that
-    single CPU for all the process has (a second ``LLM`` decoded 1.8x slower on one core).
-    """
-    global _process_cpus
-    if _process_cpus is None:
-        _process_cpus = sorted(os.sched_getaffinity(0))
-    return _process_cpus
-
-
-class CpuX86Platform(plugins.Platform):
+class CpuX86Platform(CpuPlatform):
     """x86-64 CPUs. Kernels: AVX-512 (+VNNI), AVX2+FMA or portable C++, chosen from cpuid.
 
     Thread binding (:meth:`init_device`) pins the calling thread, which must be the
-    one that runs the model, and its OpenMP pool to the compute CPUs. The front end
-    stays off them by running on the CPUs left over: ``get_extension("frontend_cpus")``
-    lists them (the ``CPU_NUM_OF_RESERVED_CPU`` cores under ``auto`` binding) for the
-    server to pass to ``os.sched_setaffinity`` in its own threads.
+    one that runs the model, the kernels' thread pool and torch's OpenMP team to the
+    compute CPUs; the front end runs on the CPUs left over (:meth:`place_frontend_thread`).
     """
 
     name = "cpu_x86"
-    device_type = "cpu"
-    priority = 10
+    api_version = 2
     supported_dtypes = ("float32", "bfloat16", "float16")
-    env_vars = (
-        plugins.EnvVar("CPU_KVCACHE_SPACE", _kv_space, 0.0, "KV cache size in GiB (0 = auto share of free memory)"),
-        plugins.EnvVar(
-            "CPU_OMP_THREADS_BIND",
-            parse_threads_bind,
-            "auto",
-            "CPUs for the compute threads: auto (a NUMA node's physical cores per rank), all, "
-            "or lists like 0-31|32-63 (one per rank)",
-        ),  # fmt: skip
-        plugins.EnvVar(
-            "CPU_NUM_OF_RESERVED_CPU", _reserved, 0, "cores kept free for the front end (auto binding only)"
-        ),
+    env_vars = CPU_ENV_VARS + (
         plugins.EnvVar(
             "CPU_KERNEL_ISA",
             str,
@@ -94,14 +55,8 @@ class CpuX86Platform(plugins.Platform):
         ),  # fmt: skip
     )
 
-    def __init__(self) -> None:
-        self._frontend_cpus: list[int] | None = None
-
-    def is_available(self) -> bool:
-        return machine() in X86_MACHINES
-
     def unavailable_reason(self) -> str | None:
-        if self.is_available():
+        if machine() in X86_MACHINES:
             return None
         return f"not an x86-64 machine (platform.machine() is {machine()!r})"
 
@@ -146,40 +101,15 @@ class CpuX86Platform(plugins.Platform):
 
         return CpuX86Runner(self)
 
-    def make_memory_profiler(self):
-        from plugin_cpu_x86.memory import CpuMemoryProfiler
-
-        return CpuMemoryProfiler(self)
-
-    def init_device(self, config: Any) -> None:
-        """Bind the calling (engine) thread, torch's threads and the kernels' threads.
-
-        One compute thread per chosen CPU, pinned to it: the kernels' pool (csrc/pool.cpp)
-        and torch's OpenMP team. Torch stays at one thread in the engine thread except
-        inside the kernels' GEMMs (prefill, dense linears): its idle OpenMP workers spin,
-        and would steal the CPUs from the kernels' pool in every decode step.
-        """
+    def bind_compute_threads(self, cpus: list[int]) -> str:
+        """One compute thread per CPU, pinned to it: the kernels' pool (csrc/pool.cpp) and
+        torch's OpenMP team. Torch stays at one thread in the engine thread except inside
+        the kernels' GEMMs (prefill, dense linears): its idle OpenMP workers spin, and
+        would steal the CPUs from the kernels' pool in every decode step."""
         import torch
 
-        allowed = process_cpus()
-        rank = getattr(config, "local_rank", None) or int(os.environ.get("LOCAL_RANK", "0"))
-        bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
-        cpus = plan_compute_cpus(bind, reserved, rank, allowed)
-        os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
         self.kernels.num_threads = len(cpus)
         failed = self.kernels.lib.bind_threads(cpus)  # also starts torch's team, to pin it
         torch.set_num_threads(1)
-        self._frontend_cpus = [c for c in allowed if c not in cpus] or allowed
-        logger.info(
-            "cpu_x86: %d compute threads on CPUs %s (CPU_OMP_THREADS_BIND=%s, reserved %d, rank %d)%s; "
-            "front end CPUs %s",
-            len(cpus), cpus, bind, reserved, rank, f", {failed} failed to pin" if failed else "",
-            self._frontend_cpus,
-        )  # fmt: skip
-
-    def get_extension(self, name: str) -> Any | None:
-        """``"frontend_cpus"``: CPUs left to the front end after :meth:`init_device`."""
-        if name == "frontend_cpus":
-            return self._frontend_cpus
-        return None
+        return f", {failed} failed to pin" if failed else ""

@@ -3,11 +3,11 @@
 The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
 layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
-``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once, so a
-step costs one Python call and gives the eager result exactly. It is CPU graph capture
-in all but name, without padding or fixed batch sizes: built in
-:meth:`CpuX86Runner.prepare`, used for every step; models it does not recognise run
-eagerly.
+``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once (from the model's
+:class:`plugins.model.ModelDescription`), so a step costs one Python call and gives the
+eager result exactly. It is CPU graph capture in all but name, without padding or fixed
+batch sizes: built in :meth:`CpuX86Runner.prepare`, used for every step; models that
+do not describe themselves, or that it cannot run, run eagerly.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from ctypes import POINTER, Structure, c_float, c_int, c_long, c_void_p
 from typing import Any
 
 import torch
+from plugins.config import EngineConfigView
+from plugins.model import LinearWeights, ModelDescription
 from plugins.runner import ModelInputs, Runner
 
 from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
@@ -72,9 +74,9 @@ def _dense(t: Any, dtype: torch.dtype, what: str) -> int:
     return t.data_ptr()
 
 
-def _linear(module: Any, what: str) -> _Linear:
+def _linear(linear: LinearWeights, what: str) -> _Linear:
     """The native description of a prepared linear."""
-    w, bias = module.weight, module.bias
+    w, bias = linear.weight, linear.bias
     if isinstance(w, QuantizedWeight):
         code, ptr, scales, n, k = w.code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
     else:
@@ -89,73 +91,63 @@ def _linear(module: Any, what: str) -> _Linear:
 
 
 class FusedDecoder:
-    """One native call per forward pass of a core Llama-family model (any batch of a step).
+    """One native call per forward pass of a Llama-family model (any batch of a step),
+    from the model's explicit description (:class:`plugins.model.ModelDescription`).
 
-    :raises NotFusable: the model, a weight format, a dtype or the cache layout is one
-        the native decoder does not run (the caller then runs eagerly).
+    :raises NotFusable: a weight format, a dtype, a dim or the cache layout is one the
+        native decoder does not run (the caller then runs eagerly).
     """
 
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], kernels: Any) -> None:
-        _need(type(model).__module__.startswith("core.models"), f"{type(model).__name__} is not a core model")
-        layers = getattr(model, "layers", None)
-        _need(
-            layers is not None and len(layers) > 0
-            and all(type(layer).__name__ == "LlamaDecoderLayer" for layer in layers),
-            f"{type(model).__name__} is not a Llama-family decoder",
-        )  # fmt: skip
-        dtype = model.dtype
+    def __init__(self, desc: ModelDescription, kernels: Any) -> None:
+        layers, dtype = desc.layers, desc.dtype
+        _need(len(layers) > 0, "no layers")
         _need(dtype in NATIVE_DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
-        _need(len(kv_caches) == len(layers), "one KV cache per layer")
-        attn0, norm_w = layers[0].self_attn, model.norm.weight
-        heads, kv_heads, d = attn0.num_heads, attn0.num_kv_heads, attn0.head_size
+        heads, kv_heads, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
         _need(heads % kv_heads == 0 and heads // kv_heads <= kernels.lib.max_group, "query heads per KV head")
         _need(d <= kernels.lib.max_head and d % 2 == 0, f"head size {d}")
+        norm_w, cos_sin = desc.final_norm, desc.cos_sin
         _need(norm_w.dtype in NATIVE_DTYPES, "RMSNorm weights are not float32/bfloat16")
-        cos_sin = model.cos_sin_cache
         _need(cos_sin.dtype in NATIVE_DTYPES and cos_sin.shape[-1] == d, "rotary cache")
-        k_cache0 = kv_caches[0][0]
-        hidden, inter = model.embed_tokens.shape[1], layers[0].mlp.down_proj.in_features
+        k_cache0 = layers[0].k_cache
+        hidden, inter = desc.hidden_size, desc.intermediate_size
         q_size, kv_size = heads * d, kv_heads * d
         # (in, out) of each projection: the native decoder sizes its buffers from these
         shapes = {"qkv": (hidden, q_size + 2 * kv_size), "o": (q_size, hidden), "gate_up": (hidden, 2 * inter),
                   "down": (inter, hidden)}  # fmt: skip
         self._layers = (_Layer * len(layers))()
-        eps = {model.norm.eps}
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
-            attn, mlp = layer.self_attn, layer.mlp
-            _need((attn.num_heads, attn.num_kv_heads, attn.head_size) == (heads, kv_heads, d), "same heads per layer")
+        for i, layer in enumerate(layers):
+            k_cache, v_cache = layer.k_cache, layer.v_cache
             _need(k_cache.shape == k_cache0.shape == v_cache.shape, "same KV cache shape per layer")
             _need(tuple(k_cache.shape[2:]) == (kv_heads, d), "KV cache layout [blocks, block_size, kv_heads, d]")
             entry = self._layers[i]
-            entry.input_norm = _dense(layer.input_layernorm.weight, norm_w.dtype, f"layer {i} input norm")
-            entry.post_norm = _dense(layer.post_attention_layernorm.weight, norm_w.dtype, f"layer {i} post norm")
-            eps |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
-            for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj),
-                                 ("down", mlp.down_proj)):  # fmt: skip
-                _need((module.in_features, module.out_features) == shapes[name], f"layer {i} {name} shape")
-                setattr(entry, name, _linear(module, f"layer {i} {name}"))
+            entry.input_norm = _dense(layer.input_norm, norm_w.dtype, f"layer {i} input norm")
+            entry.post_norm = _dense(layer.post_attention_norm, norm_w.dtype, f"layer {i} post norm")
+            for name in ("qkv", "o", "gate_up", "down"):
+                linear = getattr(layer, name)
+                _need((linear.in_features, linear.out_features) == shapes[name], f"layer {i} {name} shape")
+                setattr(entry, name, _linear(linear, f"layer {i} {name}"))
             entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
-        _need(len(eps) == 1, "one RMSNorm epsilon")
         self._decoder = _Decoder(
-            self._layers, len(layers), hidden, heads, kv_heads, d, inter, model.embed_tokens.shape[0],
-            k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(model.embed_tokens, dtype, "embedding"),
-            _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"), eps.pop(),
-            attn0.scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype], NATIVE_DTYPES[cos_sin.dtype],
+            self._layers, len(layers), hidden, heads, kv_heads, d, inter, desc.vocab_size,
+            k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
+            _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
+            desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
+            NATIVE_DTYPES[cos_sin.dtype],
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
         self.kernels = kernels
-        self.model = model
-        self.kv_caches = kv_caches
+        self.desc = desc  # keeps the described tensors alive while the native decoder points at them
         self.hidden = hidden
         self.dtype = dtype
 
-    def can_run(self, model: Any, kv_caches: list[Any], inputs: ModelInputs) -> bool:
-        """Whether this decoder runs ``model`` on ``inputs`` (else the caller runs eagerly)."""
+    @staticmethod
+    def can_run(inputs: ModelInputs) -> bool:
+        """Whether the native decoder takes ``inputs`` as they are (else the caller runs eagerly)."""
         meta = inputs.attn_metadata
         return (
-            model is self.model and kv_caches is self.kv_caches and inputs.num_tokens > 0
+            inputs.num_tokens > 0
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
             and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
@@ -182,13 +174,15 @@ class FusedDecoder:
 
 
 class CpuX86Runner(Runner):
-    """Llama-family models as one native call a step (:class:`FusedDecoder`), other models eagerly."""
+    """Models that describe themselves (``model.describe``) as one native call a step
+    (:class:`FusedDecoder`), other models eagerly."""
 
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
         self.fused: FusedDecoder | None = None
 
-    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
+        super().prepare(model, kv_caches, config)
         self.fused = None
         if not self.platform.env["CPU_FUSED_DECODE"]:
             logger.info("cpu_x86 runner: eager (CPU_FUSED_DECODE=0)")
@@ -196,15 +190,17 @@ class CpuX86Runner(Runner):
         if config is not None and config.tensor_parallel_size > 1:  # the native decoder has no all-reduce
             logger.info("cpu_x86 runner: eager (tensor_parallel_size=%d)", config.tensor_parallel_size)
             return
+        describe = getattr(model, "describe", None)
         try:
-            self.fused = FusedDecoder(model, kv_caches, self.platform.kernels)
+            _need(describe is not None, f"{type(model).__name__} does not describe itself (no describe())")
+            self.fused = FusedDecoder(describe(kv_caches), self.platform.kernels)
         except NotFusable as exc:
             logger.info("cpu_x86 runner: eager, the native decoder does not run this model: %s", exc)
             return
         logger.info("cpu_x86 runner: each step as one native call")
 
-    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
-        if fused is not None and fused.can_run(model, kv_caches, inputs):
+        if fused is not None and fused.can_run(inputs):
             return fused(inputs)
-        return super().forward(model, kv_caches, inputs)
+        return super().forward(inputs)

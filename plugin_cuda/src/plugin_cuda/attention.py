@@ -38,7 +38,7 @@ def _prefill_kernel(
     q_tok_stride, q_head_stride, o_tok_stride, o_head_stride,
     block_stride, slot_stride, head_stride, table_stride,
     qk_scale, block_size, head_size, group,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     m_block = tl.program_id(1)
@@ -67,7 +67,10 @@ def _prefill_kernel(
             n_mask = offs_n < kv_end
             k = _load_kv_tile(k_cache, table, offs_n, n_mask, kv_head, offs_d, d_mask, block_size,
                               block_stride, slot_stride, head_stride)  # fmt: skip
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            # "ieee": fp32 models must not drop to TF32; for bf16/fp16 operands it compiles to
+            # the same PTX as "tf32", and it is the one precision every AMD target takes
+            # (gfx90a rejects "tf32")
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
             visible = (offs_n[None, :] <= (context + offs_m)[:, None]) & n_mask[None, :]
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is visible to every row
@@ -76,7 +79,7 @@ def _prefill_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = _load_kv_tile(v_cache, table, offs_n, n_mask, kv_head, offs_d, d_mask, block_size,
                               block_stride, slot_stride, head_stride)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(
@@ -92,7 +95,7 @@ def _decode_kernel(
     block_stride, slot_stride, head_stride, table_stride,
     qk_scale, block_size, head_size, group, num_heads, tokens_per_split, num_splits,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -119,7 +122,7 @@ def _decode_kernel(
             n_mask = offs_n < end
             k = _load_kv_tile(k_cache, table, offs_n, n_mask, kv_head, offs_d, d_mask, block_size,
                               block_stride, slot_stride, head_stride)  # fmt: skip
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             p = tl.exp2(s - m_new[:, None])
@@ -127,7 +130,7 @@ def _decode_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = _load_kv_tile(v_cache, table, offs_n, n_mask, kv_head, offs_d, d_mask, block_size,
                               block_stride, slot_stride, head_stride)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
         mask = g_mask[:, None] & d_mask[None, :]
         if SINGLE_SPLIT:
@@ -168,11 +171,6 @@ def _reduce_kernel(
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    # fp32 models must not silently drop to TF32 inside tl.dot
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def _cache_strides(k_cache: torch.Tensor) -> tuple[int, int, int]:
     return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
 
@@ -190,7 +188,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, block_m: int, blo
         *_cache_strides(k_cache), meta.block_tables.stride(0),
         scale * LOG2E, k_cache.shape[1], head_size, num_heads // k_cache.shape[2],
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_size)),
-        PRECISION=_precision(q.dtype), num_warps=4,
+        num_warps=4,
     )  # fmt: skip
     return out
 
@@ -215,7 +213,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, splits: DecodeSpli
         scale * LOG2E, k_cache.shape[1], head_size, group, num_heads,
         splits.tokens_per_split, splits.num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        PRECISION=_precision(q.dtype), SINGLE_SPLIT=single, num_warps=4,
+        SINGLE_SPLIT=single, num_warps=4,
     )  # fmt: skip
     if not single:
         _reduce_kernel[(num_seqs, num_heads)](

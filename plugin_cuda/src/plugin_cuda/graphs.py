@@ -10,38 +10,37 @@ device tensors at replay.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.buckets import ramp_up_range, smallest_at_least
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs
 
 logger = logging.getLogger(__name__)
 
 
 def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """vLLM's default: 1, 2, 4, then every multiple of 8, up to and including ``max_num_seqs``."""
-    sizes = {s for s in (1, 2, 4, *range(8, max_num_seqs + 1, 8)) if s <= max_num_seqs}
-    sizes.add(max_num_seqs)  # so that every decode batch the scheduler builds has a graph
-    return tuple(sorted(sizes))
+    """vLLM's default: 1, 2, 4, then every multiple of 8, up to and including ``max_num_seqs``
+    (so that every decode batch the scheduler builds has a graph)."""
+    return tuple(ramp_up_range(1, 8, max_num_seqs, end="max"))
 
 
 def select_capture_sizes(
-    config: Any, env_sizes: tuple[int, ...] | None, is_graph_safe: bool
+    config: EngineConfigView, env_sizes: tuple[int, ...] | None, is_graph_safe: bool
 ) -> tuple[tuple[int, ...], str]:
     """The decode batch sizes to capture and why, e.g. ``((1, 2, 4), "CUDA_GRAPH_SIZES")``.
 
     Empty when graphs are off: ``config.enforce_eager``, kernels that plan on host
     lengths (``is_graph_safe`` False), or no size within ``config.max_num_seqs``.
     """
-    if getattr(config, "enforce_eager", False):
+    if config.enforce_eager:
         return (), "enforce_eager is set"
     if not is_graph_safe:
         return (), "the attention kernels are not graph-safe (CUDA_ATTENTION_BACKEND=reference)"
-    max_num_seqs = int(config.max_num_seqs)
+    max_num_seqs = config.max_num_seqs
     if env_sizes is None:
         return default_capture_sizes(max_num_seqs), f"default sizes up to max_num_seqs={max_num_seqs}"
     kept = tuple(s for s in sorted(set(env_sizes)) if s <= max_num_seqs)
@@ -55,8 +54,7 @@ def select_capture_sizes(
 
 def padded_size(sizes: tuple[int, ...], num_seqs: int) -> int | None:
     """The smallest captured size that holds ``num_seqs`` (sorted ``sizes``), or None."""
-    i = bisect.bisect_left(sizes, num_seqs)
-    return sizes[i] if i < len(sizes) else None
+    return smallest_at_least(num_seqs, sizes)
 
 
 @dataclass

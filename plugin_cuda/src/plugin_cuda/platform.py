@@ -7,13 +7,12 @@ import logging
 from typing import Any, ClassVar
 
 import plugins
+from plugins.memory import GiB
 
 from plugin_cuda import detect
 from plugin_cuda.settings import ENV_VARS
 
 logger = logging.getLogger(__name__)
-
-GiB = 1 << 30
 
 
 class CudaPlatform(plugins.Platform):
@@ -31,12 +30,9 @@ class CudaPlatform(plugins.Platform):
     def _probe(self) -> str | None:
         return detect.probe()
 
-    def is_available(self) -> bool:
-        """True when torch is a CUDA build and an NVIDIA device is present (no torch import)."""
-        return self._probe is None
-
     def unavailable_reason(self) -> str | None:
-        """E.g. ``"torch 2.13.0+cpu is a CPU-only build"``, ``"no NVIDIA device found ..."``."""
+        """None when torch is a CUDA build and an NVIDIA device is present (no torch import);
+        else e.g. ``"torch 2.13.0+cpu is a CPU-only build"``, ``"no NVIDIA device found ..."``."""
         return self._probe
 
     def device_info(self) -> dict[str, Any]:
@@ -66,9 +62,9 @@ class CudaPlatform(plugins.Platform):
 
         return torch.cuda.get_device_capability()
 
-    def check_config(self, config: Any) -> dict[str, Any]:
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
         """Reject bfloat16 on GPUs before Ampere (compute capability < 8.0) with the reason."""
-        dtype = str(getattr(config, "dtype", "") or "").replace("torch.", "")
+        dtype = config.dtype
         if dtype in ("bfloat16", "auto") and self.is_available():
             major, minor = self.compute_capability()
             if major < 8:
@@ -81,11 +77,11 @@ class CudaPlatform(plugins.Platform):
                 )
         return {}
 
-    def init_device(self, config: Any) -> None:
-        """Select the GPU (``config.local_rank``, default 0) and initialise CUDA."""
+    def init_device(self, config: plugins.EngineConfigView) -> None:
+        """Select the GPU (``config.local_rank``) and initialise CUDA."""
         import torch
 
-        torch.cuda.set_device(int(getattr(config, "local_rank", 0) or 0))
+        torch.cuda.set_device(config.local_rank)
         torch.cuda.init()
 
     def torch_device(self):

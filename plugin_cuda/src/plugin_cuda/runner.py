@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner
 
 from plugin_cuda.graphs import StaticInputs, padded_size, select_capture_sizes
@@ -60,8 +61,6 @@ class TorchCudaGraphs:
 class CudaGraphRunner(Runner):
     """Replays CUDA graphs for decode batches; eager for everything else."""
 
-    supports_graph_capture = True
-
     def __init__(self, platform: Any, graphs: TorchCudaGraphs | None = None) -> None:
         super().__init__(platform)
         self.graph_api = graphs or TorchCudaGraphs()
@@ -70,16 +69,14 @@ class CudaGraphRunner(Runner):
         self.graph_reserve_bytes: int | None = None  # reserved before the KV cache was sized
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
         self._static: StaticInputs | None = None
-        self._model: Any = None
-        self._kv_caches: list[Any] | None = None
 
-    def _sizes(self, config: Any) -> tuple[tuple[int, ...], str]:
+    def _sizes(self, config: EngineConfigView) -> tuple[tuple[int, ...], str]:
         kernels = self.platform.kernels
         return select_capture_sizes(
             config, self.platform.env["CUDA_GRAPH_SIZES"], getattr(kernels, "is_graph_safe", False)
         )
 
-    def graph_memory_reserve(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
+    def graph_memory_reserve(self, config: EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
         """Bytes to keep free for the graphs :meth:`prepare` will capture, and how estimated.
 
         Called by the memory profiler before the KV cache is sized, when no graph exists
@@ -90,8 +87,7 @@ class CudaGraphRunner(Runner):
         sizes, why = self._sizes(config)
         if not sizes:
             return 0, f"no CUDA graphs ({why})"
-        longest = getattr(config, "max_model_len", None) or config.max_num_batched_tokens
-        profile_tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * longest))
+        profile_tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len))
         activations = -(-peak_activation_bytes * min(sizes[-1], profile_tokens) // profile_tokens)
         overhead = len(sizes) * GRAPH_OVERHEAD_BYTES
         self.graph_reserve_bytes = activations + overhead
@@ -100,8 +96,9 @@ class CudaGraphRunner(Runner):
             f"{overhead / MiB:.0f} MiB overhead"
         )
 
-    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
-        """Capture one graph per capture size on static buffers over ``kv_caches``."""
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
+        """Bind ``model`` and ``kv_caches``; capture one graph per capture size on static buffers over them."""
+        super().prepare(model, kv_caches, config)
         self._graphs.clear()
         self.capture_sizes, why = self._sizes(config)
         if not self.capture_sizes:
@@ -110,7 +107,6 @@ class CudaGraphRunner(Runner):
         device = kv_caches[0][0].device
         max_blocks = -(-config.max_model_len // config.block_size)
         self._static = StaticInputs.allocate(self.capture_sizes[-1], max_blocks, device)
-        self._model, self._kv_caches = model, kv_caches
         free_before = self.graph_api.free_memory()
         started = time.perf_counter()
         pool = self.graph_api.new_pool()
@@ -146,18 +142,11 @@ class CudaGraphRunner(Runner):
             return None
         return size
 
-    def execute(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
-        """Replay a graph for a decode batch the graphs were captured for, else run eagerly."""
-        if model is not self._model or kv_caches is not self._kv_caches:
-            # e.g. the memory profiler's forward on its own caches: graphs point elsewhere
-            return Runner.forward(self, model, kv_caches, inputs)
-        return super().execute(model, kv_caches, inputs)
-
-    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """Replay the graph of this (already padded) batch size, or run eagerly."""
         num_seqs = inputs.attn_metadata.num_seqs
         if self.padded_num_seqs(inputs) != num_seqs:
-            return super().forward(model, kv_caches, inputs)
+            return super().forward(inputs)
         graph, out = self._graphs[num_seqs]
         self._static.load(inputs)
         self.graph_api.replay(graph)

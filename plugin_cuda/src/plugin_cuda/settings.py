@@ -6,7 +6,7 @@ Read as ``CORE_<NAME>`` (or ``VLLM_<NAME>``) through :class:`plugins.EnvVar`.
 from __future__ import annotations
 
 from plugins import EnvVar
-from plugins.env import parse_int_list
+from plugins.env import parse_fraction, parse_int_list
 
 
 def parse_graph_sizes(text: str) -> tuple[int, ...]:
@@ -16,14 +16,6 @@ def parse_graph_sizes(text: str) -> tuple[int, ...]:
     if bad:
         raise ValueError(f"batch sizes must be positive, got {bad}")
     return tuple(sorted(set(sizes)))
-
-
-def parse_utilization(text: str) -> float:
-    """A fraction of GPU memory in ``(0, 1]``."""
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"expected a fraction in (0, 1], got {value}")
-    return value
 
 
 def parse_split_tokens(text: str) -> int:
@@ -43,10 +35,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "GPU_MEMORY_UTILIZATION",
-        parse_utilization,
+        parse_fraction,
         0.9,
         "fraction of GPU memory the engine may use (weights, activations, CUDA graphs and "
-        "KV cache); the engine's gpu_memory_utilization setting wins when given",
+        "KV cache); when set it wins over the engine's gpu_memory_utilization setting",
     ),
     EnvVar(
         "CUDA_ATTENTION_BACKEND",

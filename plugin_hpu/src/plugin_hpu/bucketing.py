@@ -1,9 +1,8 @@
 """Shape buckets for Gaudi, following vLLM's documented HPU bucketing rule.
 
 Gaudi compiles one graph per input shape, so every batch is padded to a *bucket*.
-Each bucketed dimension has a range ``(min, step, max)``: values start at ``min`` and
-double while below ``step`` (the *ramp-up*, cheap padding for small batches), then
-grow linearly by ``step`` up to ``max``::
+Each bucketed dimension has a range ``(min, step, max)`` whose values are the SDK's
+ramp-up ladder (:func:`plugins.buckets.ramp_up_range`) cut at ``max``::
 
     min=2, step=32, max=64    ->  2, 4, 8, 16, 32, 64
     min=128, step=128, max=512 ->  128, 256, 384, 512
@@ -13,14 +12,21 @@ size, number of KV blocks of the whole batch). The twelve variables
 ``{PROMPT,DECODE}_{BS,SEQ,BLOCK}_BUCKET_{MIN,STEP,MAX}`` set the ranges; unset ones
 take vLLM's defaults, derived from the engine config (see :func:`default_ranges`).
 Everything here is pure Python.
+
+Decode's second dimension counts KV blocks of the whole batch, as the guide's variable
+table has it (``DECODE_BLOCK_BUCKET_*``); the guide's padding example and logs come
+from an older vLLM that bucketed decode by the longest sequence's length ("seq").
+The lookup is the same for both: the smallest bucket >= the value in each dimension.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from plugins.buckets import ramp_up_range, smallest_at_least
 
 Bucket = tuple[int, int]
 
@@ -50,13 +56,7 @@ class BucketRange:
     def values(self) -> list[int]:
         """The bucket values: ramp-up (``min`` doubling while below ``step``), then
         multiples of ``step`` up to ``max``; none below ``min`` or above ``max``."""
-        ramp_up = []
-        value = self.min
-        while value < self.step and value <= self.max:
-            ramp_up.append(value)
-            value *= 2
-        stable = range(self.step, self.max + 1, self.step)
-        return [v for v in ramp_up + list(stable) if v >= self.min]
+        return ramp_up_range(self.min, self.step, self.max)
 
 
 def default_ranges(max_num_seqs: int, block_size: int, max_model_len: int) -> dict[str, tuple[int, int, int]]:
@@ -110,15 +110,16 @@ def decode_buckets(bs: BucketRange, blocks: BucketRange, max_blocks: int | None 
     return [(b, n) for b in bs.values() for n in blocks.values() if max_blocks is None or n <= max_blocks]
 
 
-def find_value(value: int, values: Iterable[int]) -> int | None:
-    """The smallest bucket value >= ``value``, or None above the largest bucket."""
-    return min((v for v in values if v >= value), default=None)
+def by_tokens(bucket: Bucket) -> tuple[int, int, int]:
+    """Sort key: tokens (``batch size * second dimension``), then the second dimension."""
+    return (bucket[0] * bucket[1], bucket[1], bucket[0])
 
 
 def warmup_order(buckets: Iterable[Bucket]) -> list[Bucket]:
-    """Warm-up (compilation) order: largest first, as vLLM logs it, so the peak memory
-    of the biggest shape is met while everything is still free."""
-    return sorted(buckets, reverse=True)
+    """Warm-up (compilation) order: most tokens first, as the guide's log shows it
+    (decode [47/48] is (2, 128), before (1, 128)), so the peak memory of the biggest
+    shape is met while everything is still free."""
+    return sorted(buckets, key=by_tokens, reverse=True)
 
 
 def capture_order(buckets: Iterable[Bucket], strategy: str) -> list[Bucket]:
@@ -132,7 +133,7 @@ def capture_order(buckets: Iterable[Bucket], strategy: str) -> list[Bucket]:
     if strategy == "max_bs":
         return sorted(buckets, key=lambda b: (-b[0], b[1]))
     if strategy == "min_tokens":
-        return sorted(buckets, key=lambda b: (b[0] * b[1], b[1]))
+        return sorted(buckets, key=by_tokens)
     raise ValueError(f"unknown graph capture strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
 
 
@@ -164,7 +165,10 @@ class HpuBuckets:
         )
 
     def _find(self, buckets: list[Bucket], first: int, second: int) -> Bucket | None:
-        bucket = (find_value(first, {b for b, _ in buckets}), find_value(second, {s for _, s in buckets}))
+        bucket = (
+            smallest_at_least(first, sorted({b for b, _ in buckets})),
+            smallest_at_least(second, sorted({s for _, s in buckets})),
+        )
         return bucket if bucket in buckets else None
 
     def prompt_bucket(self, num_seqs: int, max_seq_len: int) -> Bucket | None:
@@ -177,13 +181,20 @@ class HpuBuckets:
         return self._find(self.decode, num_seqs, num_blocks)
 
     def describe(self) -> str:
-        """vLLM-style summary: each range ``(min, step, max)`` and the bucket counts."""
-        r = {key: list(value.as_tuple()) for key, value in self.ranges.items()}
-        return (
-            f"prompt bucket config (min, step, max) bs:{r['PROMPT_BS']} seq:{r['PROMPT_SEQ']}, "
-            f"{len(self.prompt)} buckets; decode bucket config bs:{r['DECODE_BS']} "
-            f"block:{r['DECODE_BLOCK']}, {len(self.decode)} buckets"
+        """The four lines vLLM logs for the buckets (the guide's format), one per line."""
+        return "\n".join(
+            range_lines("Prompt", self.ranges["PROMPT_BS"], "seq", self.ranges["PROMPT_SEQ"], self.prompt)
+            + range_lines("Decode", self.ranges["DECODE_BS"], "block", self.ranges["DECODE_BLOCK"], self.decode)
         )
+
+
+def range_lines(phase: str, bs: BucketRange, dim: str, second: BucketRange, buckets: Sequence[Bucket]) -> list[str]:
+    """``Prompt bucket config (min, step, max_warmup) bs:[1, 32, 4], seq:[...]`` and
+    ``Generated 24 prompt buckets: [(1, 128), ...]``, as in the guide."""
+    return [
+        f"{phase} bucket config (min, step, max_warmup) bs:{list(bs.as_tuple())}, {dim}:{list(second.as_tuple())}",
+        f"Generated {len(buckets)} {phase.lower()} buckets: {list(buckets)}",
+    ]
 
 
 def blocks_of(seq_lens: Iterable[int], block_size: int) -> int:

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 from plugin_hpu.bucketing import Bucket
 
-GiB = 1 << 30
+
+def format_bytes(size: float) -> str:
+    """Bytes as vLLM's Gaudi logs print them: 4 significant digits and a binary unit
+    (``15.85 GiB``, ``7.923 GiB``, ``161.9 MiB``, ``0 B``)."""
+    power = 0
+    while abs(size) > 1024 and power < 4:
+        size /= 1024
+        power += 1
+    return f"{size:.4g} {('', 'Ki', 'Mi', 'Gi', 'Ti')[power]}B"
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,12 @@ class MemoryPlan:
         return self.free_bytes - self.usable_bytes
 
     def describe(self, gpu_memory_utilization: float, graph_reserved_mem: float) -> str:
+        """The guide's ``Free device memory: ...`` log line."""
         return (
-            f"Free device memory: {self.free_bytes / GiB:.4g} GiB, {self.usable_bytes / GiB:.4g} GiB usable "
-            f"(gpu_memory_utilization={gpu_memory_utilization}), {self.graph_bytes / GiB:.4g} GiB reserved "
-            f"for HPUGraphs (GRAPH_RESERVED_MEM={graph_reserved_mem}), "
-            f"{self.kv_cache_bytes / GiB:.4g} GiB reserved for KV cache"
+            f"Free device memory: {format_bytes(self.free_bytes)}, {format_bytes(self.usable_bytes)} usable "
+            f"(gpu_memory_utilization={gpu_memory_utilization}), {format_bytes(self.graph_bytes)} reserved "
+            f"for HPUGraphs (VLLM_GRAPH_RESERVED_MEM={graph_reserved_mem}), "
+            f"{format_bytes(self.kv_cache_bytes)} reserved for KV cache"
         )
 
 
@@ -71,6 +80,15 @@ def split_graph_memory(free_now: int, margin_bytes: int, prompt_ratio: float) ->
     return total, prompt, total - prompt
 
 
+def describe_split(total: int, free_now: int, prompt: int, decode: int, prompt_ratio: float) -> str:
+    """The guide's ``Using ... of free device memory for HPUGraphs`` log line."""
+    return (
+        f"Using {format_bytes(total)}/{format_bytes(free_now)} of free device memory for HPUGraphs, "
+        f"{format_bytes(prompt)} for prompt and {format_bytes(decode)} for decode "
+        f"(VLLM_GRAPH_PROMPT_RATIO={prompt_ratio})"
+    )
+
+
 @dataclass
 class CaptureResult:
     """Graphs of one phase captured so far and what they cost."""
@@ -79,6 +97,16 @@ class CaptureResult:
     used_bytes: int = 0
     units: int = 0  # tokens (prompt) or sequences (decode) the captured graphs cover
     captured_all: bool = False
+    #: ``(position in the capture order, 1-based, bucket)`` of each graph, in capture order
+    log: list[tuple[int, Bucket]] = field(default_factory=list)
+
+    def describe(self, phase: str, num_buckets: int) -> str:
+        """The guide's ``Graph/Prompt captured:15 (62.5%) used_mem:14.03 GiB buckets:[...]``."""
+        share = 100 * len(self.captured) / num_buckets if num_buckets else 100.0
+        return (
+            f"Graph/{phase} captured:{len(self.captured)} ({share:.1f}%) used_mem:{format_bytes(self.used_bytes)} "
+            f"buckets:{sorted(self.captured)}"
+        )
 
 
 def graph_units(bucket: Bucket, is_prompt: bool) -> int:
@@ -96,8 +124,8 @@ def capture_within_budget(
     """Capture graphs in ``ordered`` order while their estimated size fits ``budget``.
 
     A graph's size is estimated from the average cost per unit of the graphs captured
-    so far (the first one is always tried); one that does not fit is skipped and a
-    smaller one later in the order may still be captured.
+    so far (the first one is always tried); one whose estimate is not below what is
+    left is skipped, and a smaller one later in the order may still be captured.
 
     :param capture: captures one bucket's graph and returns the device bytes it took.
     :param prior: the phase's earlier result, to continue with its graphs and costs.
@@ -107,22 +135,24 @@ def capture_within_budget(
         used_bytes=prior.used_bytes if prior else 0,
         units=prior.units if prior else 0,
         captured_all=True,
+        log=list(prior.log) if prior else [],
     )
     remaining = budget
     done = set(result.captured)
-    for bucket in ordered:
-        if bucket in done:
-            continue
+    for position, bucket in enumerate(ordered, 1):
         units = graph_units(bucket, is_prompt)
         estimate = units * result.used_bytes / result.units if result.units else 0
-        if estimate >= remaining or remaining <= 0:
+        if estimate >= remaining:
             result.captured_all = False
+            continue
+        if bucket in done:
             continue
         used = capture(bucket, is_prompt)
         remaining -= used
         result.used_bytes += used
         result.units += units
         result.captured.append(bucket)
+        result.log.append((position, bucket))
     return result
 
 

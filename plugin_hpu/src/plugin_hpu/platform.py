@@ -9,7 +9,8 @@ from typing import Any
 
 import plugins
 from plugins import EnvVar
-from plugins.memory import MemoryProfiler
+from plugins.env import parse_share
+from plugins.memory import DeviceMemoryProfiler
 
 from plugin_hpu.bucketing import DIMENSIONS, STRATEGIES
 from plugin_hpu.graph_memory import plan_memory
@@ -17,14 +18,6 @@ from plugin_hpu.graph_memory import plan_memory
 logger = logging.getLogger(__name__)
 
 DEVICE_GLOBS = ("/dev/accel/accel[0-9]*", "/dev/hl[0-9]*")
-
-
-def fraction(text: str) -> float:
-    """Parse a number in [0, 1]."""
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise ValueError("expected a number between 0 and 1")
-    return value
 
 
 def _bucket_vars() -> tuple[EnvVar, ...]:
@@ -45,39 +38,17 @@ def probe(has_habana: bool, devices: list[str]) -> str | None:
     return None
 
 
-class HpuMemoryProfiler(MemoryProfiler):
+class HpuMemoryProfiler(DeviceMemoryProfiler):
     """Gaudi memory through ``torch.hpu``; the KV budget leaves ``GRAPH_RESERVED_MEM`` for graphs."""
 
-    def total_memory(self) -> int:
-        import torch
+    torch_module = "hpu"
 
-        return torch.hpu.mem_get_info()[1]
-
-    def free_memory(self) -> int:
-        import torch
-
-        return torch.hpu.mem_get_info()[0]
-
-    def measure_peak(self, profile_fn) -> int:
-        import torch
-
-        torch.hpu.reset_peak_memory_stats()
-        before = torch.hpu.memory_allocated()
-        profile_fn()
-        return max(0, torch.hpu.max_memory_allocated() - before)
-
-    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
-        if getattr(config, "kv_cache_bytes", None):
-            return super().kv_cache_budget(config, peak_activation_bytes)
-        env = self.platform.env
-        util = getattr(config, "gpu_memory_utilization", 0.9)
-        plan = plan_memory(
-            self.free_memory() - peak_activation_bytes,
-            util,
-            env["GRAPH_RESERVED_MEM"],
-            getattr(config, "enforce_eager", False),
-        )
-        return plan.kv_cache_bytes, plan.describe(util, env["GRAPH_RESERVED_MEM"])
+    def device_budget(
+        self, config: plugins.EngineConfigView, peak_activation_bytes: int, utilization: float
+    ) -> tuple[int, str]:
+        reserved = self.platform.env["GRAPH_RESERVED_MEM"]
+        plan = plan_memory(self.free_memory() - peak_activation_bytes, utilization, reserved, config.enforce_eager)
+        return plan.kv_cache_bytes, plan.describe(utilization, reserved)
 
 
 class HpuPlatform(plugins.Platform):
@@ -86,26 +57,22 @@ class HpuPlatform(plugins.Platform):
     name = "hpu"
     device_type = "hpu"
     priority = 90
-    api_version = 1
+    api_version = 2
     supported_dtypes = ("bfloat16", "float32")
     distributed_backend = "hccl"
     env_vars = _bucket_vars() + (
         EnvVar("SKIP_WARMUP", bool, False, "skip compiling every bucket before serving (first use compiles instead)"),
-        EnvVar("GRAPH_RESERVED_MEM", fraction, 0.1, "share of usable device memory reserved for HPU graphs"),
-        EnvVar("GRAPH_PROMPT_RATIO", fraction, 0.3, "share of the graph memory for prompt graphs (the rest: decode)"),
+        EnvVar("GRAPH_RESERVED_MEM", parse_share, 0.1, "share of usable device memory reserved for HPU graphs"),
+        EnvVar(
+            "GRAPH_PROMPT_RATIO", parse_share, 0.3, "share of the graph memory for prompt graphs (the rest: decode)"
+        ),
         EnvVar("GRAPH_PROMPT_STRATEGY", str, "min_tokens", "prompt graph capture order", STRATEGIES),
         EnvVar("GRAPH_DECODE_STRATEGY", str, "max_bs", "decode graph capture order", STRATEGIES),
     )
 
-    def _reason(self) -> str | None:
+    def unavailable_reason(self) -> str | None:
         has_habana = importlib.util.find_spec("habana_frameworks") is not None
         return probe(has_habana, sorted(p for pattern in DEVICE_GLOBS for p in glob.glob(pattern)))
-
-    def is_available(self) -> bool:
-        return self._reason() is None
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason()
 
     def device_info(self) -> dict[str, Any]:
         devices = sorted(p for pattern in DEVICE_GLOBS for p in glob.glob(pattern))
@@ -118,17 +85,17 @@ class HpuPlatform(plugins.Platform):
                 continue
         return {"name": ", ".join(sorted(kinds)) or "Gaudi", "count": len(devices), "devices": devices}
 
-    def check_config(self, config: Any) -> dict[str, Any]:
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
-        if getattr(config, "enable_chunked_prefill", False):
+        if config.enable_chunked_prefill:
             overrides["enable_chunked_prefill"] = False  # HPU runs prompts and decodes in separate batches
-        if getattr(config, "block_size", 128) % 128:
+        if config.block_size % 128:
             logger.warning("block_size %s underuses Gaudi's matrix engines; 128 is recommended", config.block_size)
-        if getattr(config, "dtype", "auto") == "float16":
+        if config.dtype == "float16":
             raise ValueError("HPU runs bfloat16 or float32, got dtype='float16'")
         return overrides
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: plugins.EngineConfigView) -> None:
         import habana_frameworks.torch.core  # noqa: F401  (registers the "hpu" device with torch)
 
     def synchronize(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner, pad_inputs
 
 from plugin_hpu.bucketing import Bucket, HpuBuckets, blocks_of, warmup_order
@@ -53,16 +54,15 @@ class HpuRunner(Runner):
     graph is captured once and replayed.
     """
 
-    supports_graph_capture = True
-
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
         self.buckets: HpuBuckets | None = None
         self.block_size = 0
         self._graph_model: Any = None
-        self._model: Any = None
 
-    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
+        super().prepare(model, kv_caches, config)
+        self._graph_model = None
         env = self.platform.env
         self.block_size = config.block_size
         num_blocks = kv_caches[0][0].shape[0] if kv_caches else None
@@ -70,8 +70,7 @@ class HpuRunner(Runner):
             env,
             max_num_seqs=config.max_num_seqs,
             block_size=config.block_size,
-            # the engine resolves max_model_len from the model; unresolved, bound it by the step budget
-            max_model_len=config.max_model_len or config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_blocks=num_blocks,
         )
@@ -80,14 +79,14 @@ class HpuRunner(Runner):
         if device.type == "hpu" and not config.enforce_eager:
             from habana_frameworks.torch.hpu import wrap_in_hpu_graph
 
-            self._model, self._graph_model = model, wrap_in_hpu_graph(model)
+            self._graph_model = wrap_in_hpu_graph(model)
             logger.info("HPU graphs enabled: one graph per bucket, captured on first use")
         if env["SKIP_WARMUP"]:
             logger.warning("SKIP_WARMUP set: the first batch of each bucket will compile a graph")
             return
-        self.warmup(model, kv_caches, device)
+        self.warmup(device)
 
-    def warmup(self, model: Any, kv_caches: list[Any], device: Any) -> int:
+    def warmup(self, device: Any) -> int:
         """Run every bucket once with dummy inputs, largest first; return the count."""
         jobs = [(b, True) for b in warmup_order(self.buckets.prompt)]
         jobs += [(b, False) for b in warmup_order(self.buckets.decode)]
@@ -95,7 +94,7 @@ class HpuRunner(Runner):
             phase = "Prompt" if is_prompt else "Decode"
             logger.debug("[Warmup][%s][%d/%d] batch_size:%d %s:%d", phase, index, len(jobs), bucket[0],
                          "seq_len" if is_prompt else "blocks", bucket[1])  # fmt: skip
-            self.forward(model, kv_caches, dummy_inputs(bucket, is_prompt, self.block_size, device))
+            self.forward(dummy_inputs(bucket, is_prompt, self.block_size, device))
         self.platform.synchronize()
         return len(jobs)
 
@@ -110,16 +109,18 @@ class HpuRunner(Runner):
         bucket = self.decode_bucket(inputs)
         return bucket[0] if bucket else None
 
-    def execute(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
         """Pad a decode batch to its bucket: sequences to the bucket's batch size, the
         block table to ``blocks / batch size`` columns (wider when one sequence alone
         needs more); prompts and batches over every bucket run at their own shape."""
+        if self.model is None:
+            raise RuntimeError("HpuRunner.execute() called before prepare()")
         num_tokens = inputs.num_tokens
         bucket = self.decode_bucket(inputs)
         if bucket is not None:
             inputs = pad_block_tables(pad_inputs(inputs, bucket[0]), math.ceil(bucket[1] / bucket[0]))
-        return self.forward(model, kv_caches, inputs)[:num_tokens]
+        return self.forward(inputs)[:num_tokens]
 
-    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
-        runnable = self._graph_model if model is self._model and self._graph_model is not None else model
-        return runnable(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        runnable = self._graph_model if self._graph_model is not None else self.model
+        return runnable(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plugins.buckets import pad_size, ramp_up_range
+
 MIN_BUCKET = 128
 
 
@@ -17,12 +19,7 @@ def default_buckets(max_model_len: int, min_len: int = MIN_BUCKET) -> list[int]:
     """Powers of two from ``min_len`` below ``max_model_len``, then ``max_model_len``."""
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be positive, got {max_model_len}")
-    sizes = []
-    size = min_len
-    while size < max_model_len:
-        sizes.append(size)
-        size *= 2
-    return sizes + [max_model_len]
+    return ramp_up_range(min_len, None, max_model_len, end="max")
 
 
 def check_buckets(buckets: Sequence[int], max_model_len: int, name: str) -> list[int]:
@@ -46,7 +43,4 @@ def select_bucket(length: int, buckets: Sequence[int]) -> int:
 
     :raises ValueError: when ``length`` exceeds every bucket.
     """
-    for bucket in buckets:
-        if bucket >= length:
-            return bucket
-    raise ValueError(f"length {length} exceeds the largest compiled bucket {buckets[-1]}")
+    return pad_size(length, buckets, "compiled bucket")

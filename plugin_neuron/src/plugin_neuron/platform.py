@@ -37,7 +37,7 @@ class NeuronPlatform(plugins.Platform):
     name = "neuron"
     device_type = "neuron"
     priority = 80
-    api_version = 1
+    api_version = 2
     supported_dtypes = ("bfloat16", "float16")  # the Neuron SDK's inference dtypes
     distributed_backend = "xla"  # collectives run over torch-xla's backend on Neuron
     env_vars = (
@@ -49,14 +49,8 @@ class NeuronPlatform(plugins.Platform):
     def _devices(self) -> list[str]:
         return sorted(glob.glob("/dev/neuron[0-9]*"))
 
-    def _reason(self) -> str | None:
-        return probe(importlib.util.find_spec("torch_neuronx") is not None, self._devices())
-
-    def is_available(self) -> bool:
-        return self._reason() is None
-
     def unavailable_reason(self) -> str | None:
-        return self._reason()
+        return probe(importlib.util.find_spec("torch_neuronx") is not None, self._devices())
 
     def device_info(self) -> dict[str, Any]:
         return {"name": "AWS Neuron", "count": len(self._devices()), "devices": self._devices()}
@@ -74,23 +68,21 @@ class NeuronPlatform(plugins.Platform):
             )
         return result[0], result[1]
 
-    def check_config(self, config: Any) -> dict[str, Any]:
-        dtype = getattr(config, "dtype", "auto")
-        if dtype == "float32":
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
+        if config.dtype == "float32":
             raise ValueError("Neuron runs bfloat16 or float16, got dtype='float32'")
-        if getattr(config, "max_model_len", None):
+        if config.max_model_len:
             self.length_buckets(config.max_model_len)
         return {}
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: plugins.EngineConfigView) -> None:
         cache = self.env["NEURON_COMPILE_CACHE_URL"]
         if cache is not None:
             os.environ.setdefault("NEURON_COMPILE_CACHE_URL", cache)
         import torch_neuronx  # noqa: F401  (registers the Neuron device with torch)
 
-        if getattr(config, "max_model_len", None):
-            context, token_gen = self.length_buckets(config.max_model_len)
-            logger.info("Neuron buckets: context %s, token generation %s", context, token_gen)
+        context, token_gen = self.length_buckets(config.max_model_len)  # resolved by now
+        logger.info("Neuron buckets: context %s, token generation %s", context, token_gen)
 
     def make_runner(self):
         from plugin_neuron.runner import NeuronRunner

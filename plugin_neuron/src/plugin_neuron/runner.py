@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner
 
 
@@ -14,7 +15,8 @@ class NeuronRunner(Runner):
         super().__init__(platform)
         self.batch_size: int | None = None
 
-    def prepare(self, model: Any, kv_caches: list[Any], config: Any) -> None:
+    def prepare(self, model: Any, kv_caches: list[Any], config: EngineConfigView) -> None:
+        super().prepare(model, kv_caches, config)
         self.batch_size = config.max_num_seqs
 
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:

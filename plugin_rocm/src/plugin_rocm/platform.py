@@ -16,20 +16,15 @@ from typing import Any
 
 import plugins
 from plugins import EnvVar
-from plugins.memory import GiB, MemoryProfiler
+from plugins.env import parse_fraction
+from plugins.host import read_text
+from plugins.memory import DeviceMemoryProfiler, GiB
+
+from plugin_rocm.visible import device_env
 
 logger = logging.getLogger(__name__)
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
-
-
-def read_text(path: str) -> str:
-    """A small file's text, or ``""`` when it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def torch_hip_version(version_py: str) -> str | None:
@@ -83,52 +78,11 @@ def probe(hip_version: str | None, has_torch: bool, has_kfd: bool, num_gpus: int
     return None
 
 
-class RocmMemoryProfiler(MemoryProfiler):
+class RocmMemoryProfiler(DeviceMemoryProfiler):
     """GPU memory through ``torch.cuda`` (HIP); KV budget = total * utilization - used."""
 
-    def total_memory(self) -> int:
-        import torch
-
-        return torch.cuda.mem_get_info()[1]
-
-    def free_memory(self) -> int:
-        import torch
-
-        return torch.cuda.mem_get_info()[0]
-
-    def measure_peak(self, profile_fn) -> int:
-        import torch
-
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        profile_fn()
-        torch.cuda.synchronize()
-        return max(0, torch.cuda.max_memory_allocated() - before)
-
-    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
-        if getattr(config, "kv_cache_bytes", None):
-            return super().kv_cache_budget(config, peak_activation_bytes)
-        util = self.platform.env["ROCM_GPU_MEMORY_UTILIZATION"] or getattr(config, "gpu_memory_utilization", 0.9)
-        free, total = self.free_memory(), self.total_memory()
-        budget = kv_budget(total, free, peak_activation_bytes, util)
-        return (
-            budget,
-            f"{util:.0%} of {total / GiB:.1f} GiB minus {(total - free + peak_activation_bytes) / GiB:.2f} GiB in use",
-        )
-
-
-def kv_budget(total: int, free: int, peak_activation_bytes: int, utilization: float) -> int:
-    """vLLM's GPU rule: ``total * utilization`` minus what is used (weights, other
-    processes) and the profile run's peak activations; never negative."""
-    return max(0, int(total * utilization) - (total - free) - peak_activation_bytes)
-
-
-def fraction(text: str) -> float:
-    """Parse a number in (0, 1]."""
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("expected a number in (0, 1]")
-    return value
+    torch_module = "cuda"
+    utilization_var = "ROCM_GPU_MEMORY_UTILIZATION"
 
 
 class RocmPlatform(plugins.Platform):
@@ -137,11 +91,11 @@ class RocmPlatform(plugins.Platform):
     name = "rocm"
     device_type = "cuda"  # HIP devices are torch's "cuda" devices
     priority = 100
-    api_version = 1
+    api_version = 2
     supported_dtypes = ("bfloat16", "float16", "float32")
     distributed_backend = "nccl"  # torch's name for RCCL on ROCm
     env_vars = (
-        EnvVar("ROCM_GPU_MEMORY_UTILIZATION", fraction, None, "share of GPU memory for weights, activations and KV cache (overrides --gpu-memory-utilization)"),
+        EnvVar("ROCM_GPU_MEMORY_UTILIZATION", parse_fraction, None, "share of GPU memory for weights, activations and KV cache; when set it wins over --gpu-memory-utilization"),
         EnvVar("ROCM_VISIBLE_DEVICES", str, None, "GPU indices to use, exported as HIP_VISIBLE_DEVICES before HIP starts"),
     )  # fmt: skip
 
@@ -150,9 +104,6 @@ class RocmPlatform(plugins.Platform):
         hip = torch_hip_version(version_py)
         gpus = kfd_gpus() if os.path.exists("/dev/kfd") else []
         return probe(hip, bool(version_py), os.path.exists("/dev/kfd"), len(gpus)), gpus, hip
-
-    def is_available(self) -> bool:
-        return self._state()[0] is None
 
     def unavailable_reason(self) -> str | None:
         return self._state()[0]
@@ -166,13 +117,11 @@ class RocmPlatform(plugins.Platform):
             "hip": hip,
         }
 
-    def init_device(self, config: Any) -> None:
-        visible = self.env["ROCM_VISIBLE_DEVICES"]
-        if visible is not None:
-            os.environ.setdefault("HIP_VISIBLE_DEVICES", visible)
+    def init_device(self, config: plugins.EngineConfigView) -> None:
+        os.environ.update(device_env(self.env["ROCM_VISIBLE_DEVICES"], os.environ))
         import torch
 
-        torch.cuda.set_device(getattr(config, "local_rank", 0))
+        torch.cuda.set_device(config.local_rank)
 
     def synchronize(self) -> None:
         import torch

@@ -8,7 +8,8 @@ import re
 from typing import Any
 
 import plugins
-from plugins.cpu import CpuMemoryProfiler, bind_threads, cpu_env_vars, cpuinfo_features, read_text
+from plugins.cpu import CpuPlatform
+from plugins.host import cpuinfo_features, read_text
 
 #: machine type numbers of ``/proc/cpuinfo`` and the IBM Z generation they belong to
 MACHINE_GENERATIONS = {
@@ -43,30 +44,21 @@ def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, Any]]:
     return None, info
 
 
-class S390xPlatform(plugins.Platform):
-    """Runs on the host's IBM Z cores. The kernels are the SDK's torch reference ones.
+class S390xPlatform(CpuPlatform):
+    """Runs on the host's IBM Z cores. The kernels are the SDK's torch reference ones;
+    binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`).
 
-    s390x is big-endian while safetensors and GGUF files are little-endian: the weight
-    loader must byte-swap. The platform says so through :attr:`host_byte_order` and the
-    ``"byte_order"`` extension, so the loader asks a capability instead of a device name.
+    s390x is big-endian while safetensors and GGUF files are little-endian:
+    :meth:`device_info` reports the host byte order; no loader hook converts weights yet.
     """
 
     name = "s390x"
-    device_type = "cpu"
-    priority = 10
-    api_version = 1
+    api_version = 2
     # vLLM's s390x backend runs float32 only
     supported_dtypes = ("float32",)
-    env_vars = cpu_env_vars()
-    distributed_backend = "gloo"
-    #: byte order of host memory; weight files are little-endian
-    host_byte_order = "big"
 
     def _probe(self) -> tuple[str | None, dict[str, Any]]:
         return probe(_platform.machine(), read_text("/proc/cpuinfo"))
-
-    def is_available(self) -> bool:
-        return self._probe()[0] is None
 
     def unavailable_reason(self) -> str | None:
         return self._probe()[0]
@@ -77,21 +69,11 @@ class S390xPlatform(plugins.Platform):
             "name": info.pop("machine") or _platform.machine(),
             "count": os.cpu_count(),
             "isa": info,
-            "byte_order": self.host_byte_order,
+            "byte_order": "big",
         }
 
-    def check_config(self, config: Any) -> dict[str, Any]:
-        dtype = getattr(config, "dtype", "auto")
+    def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
+        dtype = config.dtype
         if dtype not in ("auto", "float32"):
             raise ValueError(f"s390x runs float32 only, got dtype={dtype!r}; use --dtype float32 or auto")
         return {}
-
-    def init_device(self, config: Any) -> None:
-        bind_threads(self.env, config)
-
-    def make_memory_profiler(self):
-        return CpuMemoryProfiler(self)
-
-    def get_extension(self, name: str) -> Any | None:
-        """``"byte_order"``: ``"big"``, the order the weight loader must convert to."""
-        return self.host_byte_order if name == "byte_order" else None

@@ -1,13 +1,15 @@
 """Static shapes for XLA: the padded sizes a batch is rounded up to (pure functions).
 
 XLA compiles one graph per input shape, so, like vLLM's TPU backend, the number of
-tokens is padded to powers of two from 16 (or, with a padding gap, powers of two up
-to the gap and then multiples of it) and the number of sequences to powers of two
+tokens is padded to powers of two from 16 (or, with a padding gap, powers of two below
+the gap and then multiples of it: :func:`plugins.buckets.ramp_up_range`) and the number of sequences to powers of two
 from 8 up to ``max_num_seqs``. Each size compiles once; the compiled graphs are
 cached on disk under ``XLA_CACHE_PATH``.
 """
 
 from __future__ import annotations
+
+from plugins.buckets import pad_size, ramp_up_range
 
 MIN_TOKENS = 16
 MIN_SEQS = 8
@@ -16,16 +18,12 @@ MIN_SEQS = 8
 def token_paddings(max_tokens: int, min_tokens: int = MIN_TOKENS, padding_gap: int = 0) -> list[int]:
     """Padded token counts, ascending; the last one is the first >= ``max_tokens``.
 
-    :param padding_gap: 0 for powers of two throughout; else powers of two up to the
-        gap, then steps of ``padding_gap`` (fewer graphs wasted on large batches).
+    :param padding_gap: 0 for powers of two throughout; else powers of two below the
+        gap, then multiples of ``padding_gap`` (fewer graphs wasted on large batches).
     """
     if min(max_tokens, min_tokens) < 1 or padding_gap < 0:
         raise ValueError(f"need positive sizes and a gap >= 0, got max={max_tokens} min={min_tokens} gap={padding_gap}")
-    sizes = [min_tokens]
-    while sizes[-1] < max_tokens:
-        last = sizes[-1]
-        sizes.append(last * 2 if padding_gap == 0 or last * 2 <= padding_gap else last + padding_gap)
-    return sizes
+    return ramp_up_range(min_tokens, padding_gap or None, max_tokens, end="cover")
 
 
 def seq_paddings(max_num_seqs: int, min_seqs: int = MIN_SEQS) -> list[int]:
@@ -33,10 +31,7 @@ def seq_paddings(max_num_seqs: int, min_seqs: int = MIN_SEQS) -> list[int]:
     ending exactly at ``max_num_seqs``."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
-    sizes = [min(min_seqs, max_num_seqs)]
-    while sizes[-1] < max_num_seqs:
-        sizes.append(min(sizes[-1] * 2, max_num_seqs))
-    return sizes
+    return ramp_up_range(min(min_seqs, max_num_seqs), None, max_num_seqs, end="max")
 
 
 def padded_size(value: int, paddings: list[int]) -> int:
@@ -44,7 +39,4 @@ def padded_size(value: int, paddings: list[int]) -> int:
 
     :raises ValueError: when ``value`` exceeds the largest padding.
     """
-    for size in paddings:
-        if size >= value:
-            return size
-    raise ValueError(f"{value} exceeds the largest padded size {paddings[-1]}")
+    return pad_size(value, paddings, "padded size")

@@ -72,7 +72,7 @@ class TpuPlatform(plugins.Platform):
     name = "tpu"
     device_type = "xla"
     priority = 90
-    api_version = 1
+    api_version = 2
     supported_dtypes = ("bfloat16", "float32")
     distributed_backend = "xla"
     env_vars = (
@@ -80,7 +80,7 @@ class TpuPlatform(plugins.Platform):
         EnvVar("TPU_BUCKET_PADDING_GAP", int, 0, "0: pad token counts to powers of two; N: to multiples of N above N"),
     )
 
-    def _reason(self) -> str | None:
+    def unavailable_reason(self) -> str | None:
         return probe(
             importlib.util.find_spec("torch_xla") is not None,
             sorted(glob.glob("/dev/accel[0-9]*")),
@@ -88,17 +88,11 @@ class TpuPlatform(plugins.Platform):
             os.environ,
         )
 
-    def is_available(self) -> bool:
-        return self._reason() is None
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason()
-
     def device_info(self) -> dict[str, Any]:
         chips = sorted(glob.glob("/dev/accel[0-9]*")) or sorted(glob.glob("/dev/vfio/[0-9]*"))
         return {"name": os.environ.get("TPU_ACCELERATOR_TYPE") or "TPU", "count": len(chips)}
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: plugins.EngineConfigView) -> None:
         import torch_xla.runtime as xr
 
         path = os.path.expanduser(self.env["XLA_CACHE_PATH"])

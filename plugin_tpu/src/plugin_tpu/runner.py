@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner
 
 from plugin_tpu.padding import padded_size, seq_paddings, token_paddings
@@ -21,7 +22,8 @@ class TpuRunner(Runner):
         self.seq_sizes: list[int] = []
         self.token_sizes: list[int] = []
 
-    def prepare(self, model: Any, kv_caches: list[Any], config: Any) -> None:
+    def prepare(self, model: Any, kv_caches: list[Any], config: EngineConfigView) -> None:
+        super().prepare(model, kv_caches, config)
         self.seq_sizes = seq_paddings(config.max_num_seqs)
         self.token_sizes = token_paddings(
             config.max_num_batched_tokens, padding_gap=self.platform.env["TPU_BUCKET_PADDING_GAP"]

@@ -12,9 +12,10 @@ class ToyPlatform(plugins.Platform):
     name = "toy"  # what --device takes
     device_type = "cpu"  # the torch device type its tensors live on
     priority = 0  # --device auto picks the highest available
+    api_version = 2  # the plugins.PLATFORM_API_VERSION it was written for
 
-    def is_available(self) -> bool:
-        return True
+    def unavailable_reason(self) -> str | None:
+        return None  # None: this machine can run it (any machine has a CPU)
 
 
 @plugins.hookimpl

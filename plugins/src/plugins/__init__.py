@@ -6,6 +6,7 @@ and returns a :class:`Platform` subclass. Importing this package is cheap: torch
 imported only when a platform's kernels, memory profiler or runner are first used.
 """
 
+from plugins.config import EngineConfigView
 from plugins.env import EnvConfigError, EnvVar
 from plugins.errors import PlatformUnavailable, PluginError, UnsupportedFeature
 from plugins.hookspecs import PROJECT_NAME, hookimpl, hookspec
@@ -14,6 +15,7 @@ from plugins.platform import PLATFORM_API_VERSION, Platform
 __all__ = [
     "PLATFORM_API_VERSION",
     "PROJECT_NAME",
+    "EngineConfigView",
     "EnvConfigError",
     "EnvVar",
     "Platform",

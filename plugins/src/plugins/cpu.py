@@ -1,51 +1,44 @@
-"""Host-CPU pieces shared by the CPU backends: the ``CPU_*`` variables, thread binding
-and a KV-cache budget that honours ``CPU_KVCACHE_SPACE``.
+"""The host-CPU family: :class:`CpuPlatform`, the base of every CPU backend.
 
-The variable names and meanings are vLLM's (``VLLM_CPU_KVCACHE_SPACE``,
-``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``), read as ``CORE_*``
-with the ``VLLM_*`` spelling as a fallback. Everything here is pure or reads only
-``/proc`` and the scheduler affinity, so it imports nothing heavy.
+It owns what all CPU backends share: the ``CPU_*`` variables (vLLM's names and
+meanings, read as ``CORE_*`` with the ``VLLM_*`` spelling as a fallback), binding the
+compute threads (``auto``, ``all``, ``nobind`` or one CPU list per rank), the CPUs
+reserved for the front end and the thread placement of that front end, and the KV
+budget. A backend subclass keeps only what is its own: ISA detection, kernels, runner.
+
+The KV budget has one precedence rule, vLLM's: ``CPU_KVCACHE_SPACE`` wins when set
+(> 0); else the engine's ``kv_cache_bytes``; else an automatic share of free memory.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
+from plugins.config import EngineConfigView
 from plugins.env import EnvVar
+from plugins.host import first_sibling, numa_nodes, parse_cpu_list, process_cpus
 from plugins.memory import GiB, MemoryProfiler
+from plugins.platform import Platform
 
 logger = logging.getLogger(__name__)
 
 _BIND_KEYWORDS = ("auto", "all", "nobind")
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """Parse a Linux CPU list such as ``0-3,8,10-11`` into sorted, unique CPU ids.
-
-    :raises ValueError: on an empty list, a malformed item or a reversed range.
-    """
-    cpus: set[int] = set()
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            raise ValueError(f"empty item in CPU list {text!r}")
-        first, sep, last = item.partition("-")
-        if not (first.isdigit() and (not sep or last.isdigit())):
-            raise ValueError(f"{item!r} is not a CPU id or range like 0-7")
-        lo, hi = int(first), int(last) if sep else int(first)
-        if hi < lo:
-            raise ValueError(f"reversed CPU range {item!r}")
-        cpus.update(range(lo, hi + 1))
-    return sorted(cpus)
+#: with no CPU_KVCACHE_SPACE and no engine setting: this share of the memory free after
+#: the weights (the rest is room for activations, a few hundred MB at 2048 tokens for the
+#: models a CPU serves) ...
+AUTO_KV_FRACTION = 0.4
+#: ... capped at this many bytes (a small model seldom needs more)
+AUTO_KV_CAP = 8 * GiB
 
 
 def threads_bind(text: str) -> str:
-    """Validate a ``CPU_OMP_THREADS_BIND`` value and return it normalized.
+    """Validate a ``CPU_OMP_THREADS_BIND`` value and return it normalized (lower case).
 
-    Accepted: ``auto`` (the allowed CPUs minus the reserved ones), ``all`` (every
-    allowed CPU), ``nobind`` (leave threads alone), or one CPU list per rank separated
-    by ``|``, e.g. ``0-31|32-63``.
+    Accepted: ``auto``, ``all``, ``nobind``, or one CPU list per rank separated by
+    ``|``, e.g. ``0-31|32-63``.
     """
     value = text.strip().lower()
     if value in _BIND_KEYWORDS:
@@ -55,37 +48,90 @@ def threads_bind(text: str) -> str:
     return value
 
 
-def cpu_env_vars() -> tuple[EnvVar, ...]:
-    """The ``CPU_*`` variables every CPU backend declares."""
-    return (
-        EnvVar("CPU_KVCACHE_SPACE", float, 0.0, "KV cache size in GiB; 0 lets the memory profiler decide"),
-        EnvVar(
-            "CPU_OMP_THREADS_BIND",
-            threads_bind,
-            "auto",
-            "CPUs for the compute threads: auto, all, nobind, or per-rank lists like 0-31|32-63",
-        ),
-        EnvVar("CPU_NUM_OF_RESERVED_CPU", int, 0, "CPUs left free for the server front end with auto binding"),
-    )
+def _non_negative(parse):
+    def check(text: str):
+        value = parse(text)
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    check.__name__ = f"non-negative {parse.__name__}"
+    return check
 
 
-def select_cpus(spec: str, allowed: list[int], rank: int = 0, num_reserved: int = 0) -> list[int] | None:
+#: The variables every CPU backend reads (subclasses add their own after these).
+CPU_ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "CPU_KVCACHE_SPACE",
+        _non_negative(float),
+        0.0,
+        "KV cache size in GiB; when set it wins over the engine's kv_cache_bytes "
+        f"(0: that setting, else min({AUTO_KV_CAP // GiB} GiB, {AUTO_KV_FRACTION:.0%} of free memory))",
+    ),
+    EnvVar(
+        "CPU_OMP_THREADS_BIND",
+        threads_bind,
+        "auto",
+        "CPUs for the compute threads: auto (the physical cores of one NUMA node per rank), all, "
+        "nobind, or one list per rank like 0-31|32-63",
+    ),
+    EnvVar("CPU_NUM_OF_RESERVED_CPU", _non_negative(int), 0, "cores kept free for the front end (auto binding)"),
+)
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    """The host's NUMA nodes (CPU lists) and each CPU's first hyper-thread sibling."""
+
+    nodes: list[list[int]]
+    first_sibling: dict[int, int]
+
+    @classmethod
+    def read(cls, cpus: list[int]) -> CpuTopology:
+        """From sysfs, for ``cpus``."""
+        return cls(numa_nodes(), {cpu: first_sibling(cpu) for cpu in cpus})
+
+    def physical_cores(self, cpus: list[int]) -> list[int]:
+        """One CPU per physical core among ``cpus`` (the first sibling present)."""
+        keep = []
+        for cpu in cpus:
+            first = self.first_sibling.get(cpu, cpu)
+            if first == cpu or first not in cpus:
+                keep.append(cpu)
+        return keep
+
+
+def select_cpus(
+    spec: str, allowed: list[int], rank: int = 0, num_reserved: int = 0, topology: CpuTopology | None = None
+) -> list[int] | None:
     """The CPUs the compute threads of ``rank`` bind to, or None to leave them unbound.
 
+    ``auto``: the physical cores of NUMA node ``rank`` (modulo the node count) that this
+    process may use, minus the last ``num_reserved`` (left to the front end). ``all``:
+    every allowed CPU. ``nobind``: None. Otherwise one CPU list per rank, ``|``-separated.
+
     :param spec: a :func:`threads_bind`-normalized ``CPU_OMP_THREADS_BIND`` value.
-    :param allowed: the CPUs this process may run on (its scheduler affinity).
-    :param num_reserved: with ``auto``, how many of the highest allowed CPUs to leave free.
+    :param allowed: the CPUs this process may run on (see :func:`plugins.host.process_cpus`).
+    :param topology: the host's topology (default: read from sysfs, for ``auto`` only).
     :raises ValueError: when the spec names no list for ``rank``, names CPUs outside
-        ``allowed``, or reserves every CPU.
+        ``allowed``, or the reserved CPUs leave no core.
     """
     if spec == "nobind":
         return None
     if spec == "all":
         return sorted(allowed)
     if spec == "auto":
-        if num_reserved < 0 or num_reserved >= len(allowed):
-            raise ValueError(f"CPU_NUM_OF_RESERVED_CPU={num_reserved} leaves no CPU of {len(allowed)} for compute")
-        return sorted(allowed)[: len(allowed) - num_reserved]
+        topology = topology or CpuTopology.read(allowed)
+        nodes = [[c for c in node if c in allowed] for node in topology.nodes]
+        nodes = [node for node in nodes if node] or [sorted(allowed)]
+        cores = topology.physical_cores(nodes[rank % len(nodes)])
+        chosen = cores[: len(cores) - num_reserved]
+        if not chosen:
+            raise ValueError(
+                f"CPU_NUM_OF_RESERVED_CPU={num_reserved} leaves no core for compute "
+                f"(rank {rank} has {len(cores)} cores: {cores})"
+            )
+        return chosen
     per_rank = spec.split("|")
     if rank >= len(per_rank):
         raise ValueError(f"CPU_OMP_THREADS_BIND={spec!r} has {len(per_rank)} CPU list(s), none for rank {rank}")
@@ -96,50 +142,104 @@ def select_cpus(spec: str, allowed: list[int], rank: int = 0, num_reserved: int 
     return cpus
 
 
-def bind_threads(env: dict[str, Any], config: Any) -> list[int] | None:
-    """Pin the calling thread (and the OpenMP threads it starts) and size torch's pool."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = select_cpus(env["CPU_OMP_THREADS_BIND"], allowed, getattr(config, "rank", 0), env["CPU_NUM_OF_RESERVED_CPU"])
-    if cpus is None:
-        logger.info("CPU thread binding disabled (CPU_OMP_THREADS_BIND=nobind)")
-        return None
-    import torch
+class CpuMemoryProfiler(MemoryProfiler):
+    """Host memory; the KV budget follows the family's one precedence rule (module doc).
 
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(len(cpus))
-    logger.info("bound %d compute threads to CPUs %s", len(cpus), cpus)
-    return cpus
+    Like vLLM's CPU backend it sizes the cache without a profile forward pass (that
+    2048-token pass was half of the engine's start-up on a CPU), and it allocates the
+    cache uninitialized.
+    """
+
+    needs_profile_run = False
+
+    def kv_cache_budget(self, config: EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
+        space = self.platform.env["CPU_KVCACHE_SPACE"]
+        free = self.free_memory() - peak_activation_bytes
+        if space > 0:
+            budget = int(space * GiB)
+            if budget > free:
+                raise ValueError(
+                    f"CPU_KVCACHE_SPACE={space} GiB exceeds the {free / GiB:.1f} GiB of memory free "
+                    "after the weights; lower it"
+                )
+            why = f"CPU_KVCACHE_SPACE={space} GiB"
+        elif config.kv_cache_bytes:
+            budget = int(config.kv_cache_bytes)
+            why = f"{budget / GiB:.2f} GiB requested by the engine config"
+        else:
+            budget = max(0, min(AUTO_KV_CAP, int(free * AUTO_KV_FRACTION)))
+            why = (
+                f"auto: min({AUTO_KV_CAP / GiB:.0f} GiB, {AUTO_KV_FRACTION:.0%} of {free / GiB:.1f} GiB free); "
+                "set CORE_CPU_KVCACHE_SPACE to choose"
+            )
+        logger.info("%s KV cache budget %.2f GiB (%s)", self.platform.name, budget / GiB, why)
+        return budget, why
+
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+        """Uninitialized: attention reads only slots written before, and zeroing the
+        default 8 GiB took 10-17 s of start-up (and made all of it resident at once)."""
+        import torch
+
+        return torch.empty(shape, dtype=dtype, device=device)
 
 
-def cpuinfo_features(cpuinfo: str) -> set[str]:
-    """The feature flags of the first CPU in ``/proc/cpuinfo`` text (any architecture)."""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().lower() in ("features", "flags"):
-            return set(value.split())
-    return set()
+class CpuPlatform(Platform):
+    """Base of the host-CPU backends: ``CPU_*`` variables, thread binding, KV budget.
 
+    :meth:`init_device` pins the calling thread (the one that runs the model) and its
+    compute threads to the CPUs :func:`select_cpus` chooses; :meth:`place_frontend_thread`
+    pins the front end's thread to the CPUs left over. Subclasses set ``name``, add their
+    variables after :data:`CPU_ENV_VARS` and may extend :meth:`bind_compute_threads`.
+    """
 
-def read_text(path: str) -> str:
-    """A small system file's text, or ``""`` when it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
+    device_type = "cpu"
+    priority = 10
+    env_vars = CPU_ENV_VARS
+
+    def __init__(self) -> None:
+        #: the CPUs the compute threads run on after :meth:`init_device` (None: not bound)
+        self.compute_cpus: list[int] | None = None
+
+    @property
+    def frontend_cpus(self) -> list[int] | None:
+        """The CPUs the front end runs on: those the compute binding left over (all the
+        process may use when it took every one), or None before binding or with ``nobind``."""
+        if self.compute_cpus is None:
+            return None
+        allowed = process_cpus()
+        return [c for c in allowed if c not in self.compute_cpus] or allowed
+
+    def make_memory_profiler(self):
+        return CpuMemoryProfiler(self)
+
+    def init_device(self, config: EngineConfigView) -> None:
+        """Bind the calling thread and the compute threads of ``config.local_rank``."""
+        bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
+        cpus = select_cpus(bind, process_cpus(), config.local_rank, reserved)
+        if cpus is None:
+            logger.info("%s: compute threads not bound (CPU_OMP_THREADS_BIND=nobind)", self.name)
+            return
+        os.sched_setaffinity(0, cpus)
+        detail = self.bind_compute_threads(cpus)
+        self.compute_cpus = cpus
+        logger.info(
+            "%s: %d compute threads on CPUs %s (CPU_OMP_THREADS_BIND=%s, reserved %d, rank %d)%s; front end CPUs %s",
+            self.name, len(cpus), cpus, bind, reserved, config.local_rank, detail, self.frontend_cpus,
+        )  # fmt: skip
+
+    def bind_compute_threads(self, cpus: list[int]) -> str:
+        """(optional) override: start the compute threads on ``cpus`` (the calling thread is
+        already pinned to them). Default: torch's thread pool sized to them.
+
+        :return: a note for the start-up log (``""`` for none).
+        """
+        import torch
+
+        torch.set_num_threads(len(cpus))
         return ""
 
-
-class CpuMemoryProfiler(MemoryProfiler):
-    """Host memory, with the KV cache sized by ``CPU_KVCACHE_SPACE`` when it is set."""
-
-    def kv_cache_budget(self, config: Any, peak_activation_bytes: int) -> tuple[int, str]:
-        if getattr(config, "kv_cache_bytes", None):
-            return super().kv_cache_budget(config, peak_activation_bytes)
-        space = self.platform.env["CPU_KVCACHE_SPACE"]
-        if space <= 0:
-            return super().kv_cache_budget(config, peak_activation_bytes)
-        budget = int(space * GiB)
-        free = self.free_memory() - peak_activation_bytes
-        if budget > free:
-            logger.warning("CPU_KVCACHE_SPACE=%s GiB exceeds the %.1f GiB of free host memory", space, free / GiB)
-        return budget, f"CPU_KVCACHE_SPACE={space} GiB"
+    def place_frontend_thread(self) -> None:
+        """Pin the calling (front-end) thread to :attr:`frontend_cpus`, if bound."""
+        cpus = self.frontend_cpus
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)

@@ -42,6 +42,22 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     return tuple(int(item) for item in items)
 
 
+def parse_fraction(text: str) -> float:
+    """A share in ``(0, 1]``, e.g. of device memory."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"expected a fraction in (0, 1], got {value}")
+    return value
+
+
+def parse_share(text: str) -> float:
+    """A share in ``[0, 1]`` (0 allowed: none of it)."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"expected a number between 0 and 1, got {value}")
+    return value
+
+
 _PARSERS: dict[Any, Callable[[str], Any]] = {bool: parse_bool, int: int, float: float, str: str}
 
 

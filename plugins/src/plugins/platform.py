@@ -1,7 +1,8 @@
 """The one interface a backend implements: :class:`Platform`.
 
 A backend must set :attr:`Platform.name`, :attr:`Platform.device_type`,
-:attr:`Platform.priority` and implement :meth:`Platform.is_available`. Everything else
+:attr:`Platform.priority` and implement :meth:`Platform.unavailable_reason` (None when
+the machine can run it; :meth:`Platform.is_available` is derived from it). Everything else
 has a correct, device-neutral default: the torch reference kernels, eager
 execution and a host-memory profiler. Override what the device does better.
 """
@@ -12,11 +13,16 @@ import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from plugins.config import EngineConfigView
 from plugins.env import EnvVar, read_env
 
 #: Version of this interface. A plugin may set ``Platform.api_version`` to the version
 #: it was written for; the engine rejects a mismatch naming both numbers.
-PLATFORM_API_VERSION = 1
+#: 2: availability is ``unavailable_reason()``; the engine passes a typed
+#: :class:`plugins.EngineConfigView`; the runner is stateful (``prepare`` binds the model
+#: and caches, ``execute(inputs)`` runs on them); ``place_frontend_thread()`` replaces the
+#: ``frontend_cpus`` extension.
+PLATFORM_API_VERSION = 2
 
 
 class Platform:
@@ -37,16 +43,23 @@ class Platform:
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
     #: environment variables the platform reads (see :class:`plugins.EnvVar`)
     env_vars: ClassVar[tuple[EnvVar, ...]] = ()
-    #: ``torch.distributed`` backend for multi-device runs
+    #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
     distributed_backend: ClassVar[str] = "gloo"
 
-    def is_available(self) -> bool:
-        """Whether this machine can run the platform. Must be cheap and never raise."""
-        raise NotImplementedError(f"{type(self).__name__} must implement is_available()")
-
     def unavailable_reason(self) -> str | None:
-        """(optional) override: why :meth:`is_available` is False, in a few words."""
-        return None if self.is_available() else "is_available() returned False"
+        """Why this machine cannot run the platform, in a few words, or None when it can.
+
+        What a backend implements (e.g. ``"no NVIDIA device found"``). Must be cheap (no
+        device initialisation, no heavy import) and never raise. The default: available,
+        or, for a platform that overrides only :meth:`is_available`, its answer.
+        """
+        if type(self).is_available is not Platform.is_available:
+            return None if self.is_available() else "is_available() returned False"
+        return None
+
+    def is_available(self) -> bool:
+        """Whether this machine can run the platform: :meth:`unavailable_reason` is None."""
+        return self.unavailable_reason() is None
 
     def device_info(self) -> dict[str, Any]:
         """(optional) override: facts for ``core devices`` (name, count, memory, ISA flags)."""
@@ -65,23 +78,27 @@ class Platform:
         """Parse :attr:`env_vars` from ``environ`` (used by tests and ``--env``)."""
         return read_env(self.env_vars, environ)
 
-    def check_config(self, config: Any) -> dict[str, Any]:
-        """(optional) override: adjust or reject an engine config.
+    def check_config(self, config: EngineConfigView) -> dict[str, Any]:
+        """(optional) override: adjust or reject the user's settings.
 
-        :param config: the engine config (attributes ``dtype``, ``block_size``,
-            ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
-            ``enforce_eager``, ``quantization``, ...), read only.
+        :param config: the validated settings before resolution (``dtype`` may be
+            ``"auto"``, ``max_model_len`` None); read fields as attributes.
         :return: overrides ``{field: value}`` the engine merges, validates and logs.
         :raises ValueError: a setting the platform cannot run, with the reason.
         """
         return {}
 
-    def init_device(self, config: Any) -> None:
+    def init_device(self, config: EngineConfigView) -> None:
         """(optional) override: device set-up once this platform is chosen (thread binding,
         device selection). Heavy imports belong here, not at import.
 
-        Called in each thread that will run the model (the engine's own thread when
-        serving), so it must be idempotent; thread affinity is per thread on Linux."""
+        Called once per process, in the thread that will run the model (thread affinity
+        is per thread on Linux), with the fully resolved config."""
+
+    def place_frontend_thread(self) -> None:
+        """(optional) override: place the calling front-end thread (the HTTP server's event
+        loop) so that it does not compete with the compute threads. Called by the engine
+        in that thread after :meth:`init_device`. Default: nothing."""
 
     # -- parts the engine uses ---------------------------------------------------------
     @functools.cached_property

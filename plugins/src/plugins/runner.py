@@ -1,9 +1,11 @@
 """Execution strategies: how a platform runs the model's forward pass.
 
-The default :class:`Runner` runs eagerly. Graph-capturing or shape-bucketing
-platforms subclass it: :meth:`Runner.padded_num_seqs` picks the captured/compiled
-size a batch is padded to, :func:`pad_inputs` pads, and the padding rows are cut
-from the output by :meth:`Runner.execute`.
+The default :class:`Runner` runs eagerly. :meth:`Runner.prepare` binds the model and
+KV caches, :meth:`Runner.execute` runs a step on them, :meth:`Runner.profile` is the
+memory profiler's pass. Graph-capturing or shape-bucketing platforms subclass it:
+:meth:`Runner.padded_num_seqs` picks the captured/compiled size a batch is padded to,
+:func:`pad_inputs` pads, and the padding rows are cut from the output by
+:meth:`Runner.execute`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.config import EngineConfigView
 
 
 @dataclass
@@ -64,35 +67,54 @@ def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
 class Runner:
     """Eager execution: call the model as it is. Override to capture or compile.
 
-    The model is called as ``model(input_ids, positions, kv_caches, attn_metadata)``
-    and returns hidden states ``[T, hidden_size]``.
+    A runner is stateful: :meth:`prepare` binds the engine's model and KV caches (once,
+    after the KV cache is allocated) and :meth:`execute` runs each step on what is
+    bound. The model is called as ``model(input_ids, positions, kv_caches,
+    attn_metadata)`` and returns hidden states ``[T, hidden_size]``. A runner that runs
+    the forward pass its own way reads the model through ``model.describe(kv_caches)``
+    (a :class:`plugins.model.ModelDescription`), never through the model's classes.
     """
-
-    #: whether this runner replays captured graphs (the engine reports it)
-    supports_graph_capture: bool = False
 
     def __init__(self, platform: Any) -> None:
         self.platform = platform
+        self.model: torch.nn.Module | None = None
+        self.kv_caches: list[Any] = []
 
-    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: Any) -> None:
-        """(optional) override to warm up, compile or capture graphs before serving.
+    def profile(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+        """The memory profiler's forward pass at the largest batch, before :meth:`prepare`.
 
-        Called once after the KV cache is allocated.
+        Binds nothing. Default: eager. (optional) override when the device's peak memory
+        differs under the runner's own execution.
         """
+        return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
+        """Bind the model and the KV caches every later :meth:`execute` runs on.
+
+        Called once, after the KV cache is allocated, with the engine's resolved settings.
+        Subclasses call ``super().prepare(...)`` first, then warm up, compile or capture.
+        """
+        self.model = model
+        self.kv_caches = kv_caches
 
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
         """(optional) override: the batch size to pad a batch to, or None to run as is."""
         return None
 
-    def execute(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
-        """Run one forward pass and return hidden states for the real (unpadded) tokens."""
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        """Run one forward pass on the bound model and caches; hidden states of the real (unpadded) tokens.
+
+        :raises RuntimeError: before :meth:`prepare`.
+        """
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.execute() called before prepare()")
         num_tokens = inputs.num_tokens
         target = self.padded_num_seqs(inputs)
         if target is not None and target != inputs.attn_metadata.num_seqs:
             inputs = pad_inputs(inputs, target)
-        hidden = self.forward(model, kv_caches, inputs)
+        hidden = self.forward(inputs)
         return hidden[:num_tokens]
 
-    def forward(self, model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The forward pass on (possibly padded) inputs. Override to replay graphs."""
-        return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)

@@ -2,13 +2,14 @@
 
 - :class:`LocalExecutor`: one unsplit model in the engine's own process.
 - :class:`MultiprocExecutor` (``--distributed-executor-backend mp``): one worker process
-  per tensor-parallel rank on this machine.
+  per tensor-parallel rank on this machine (also for one rank when the engine is one
+  data-parallel replica of several, so each replica has its own process and CPUs).
 - :class:`core.distributed.ray_executor.RayExecutor` (``ray``): one Ray actor per rank in
   a placement group, on a local Ray instance or an existing cluster.
 
 The engine (scheduler and sampler) stays in the driver. Every executor exposes
-``loaded`` (the model's tokenizer and limits), ``kv_plan``, :meth:`execute` and
-:meth:`shutdown`. A worker that dies, fails or stops answering raises
+``loaded`` (the model's tokenizer and limits), ``kv_plan``, :meth:`execute`,
+:meth:`check_health` (for an idle engine) and :meth:`shutdown`. A worker that dies, fails or stops answering raises
 :class:`WorkerFailed` naming its rank, after every worker has been stopped.
 """
 
@@ -25,11 +26,11 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from plugins import Platform
+from plugins import EngineConfigView, Platform
 from plugins.distributed import free_tcp_address
 
-from core.config import EngineConfig
 from core.distributed.worker import Worker
+from core.loader import ModelSource
 from core.model_runner import StepLogits, make_batch
 from core.scheduler import ScheduledSeq
 
@@ -52,14 +53,18 @@ class WorkerFailed(RuntimeError):
 class LocalExecutor:
     """The model in the engine's own process (``tensor_parallel_size`` 1)."""
 
-    def __init__(self, platform: Platform, config: EngineConfig, load_tokenizer: bool) -> None:
-        self.worker = Worker(platform, config, load_tokenizer=load_tokenizer)
+    def __init__(self, platform: Platform, config: EngineConfigView, model: ModelSource, load_tokenizer: bool) -> None:
+        self.worker = Worker(platform, config, model, load_tokenizer=load_tokenizer)
+        self.runner = self.worker.runner
         self.loaded = self.worker.loaded
         self.kv_plan = self.worker.plan_kv_cache()
         self.worker.allocate_kv_cache(self.kv_plan.num_blocks)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
-        return self.worker.runner.execute(scheduled)
+        return self.runner.execute(scheduled)
+
+    def check_health(self) -> None:
+        """Nothing to watch: the model runs in this process."""
 
     def shutdown(self) -> None:
         self.worker.close()
@@ -87,6 +92,10 @@ class RemoteExecutor:
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         return self.call_all("execute", make_batch(scheduled), timeout=None)[0]
 
+    def check_health(self) -> None:
+        """Raise :class:`WorkerFailed` (all workers stopped) when a worker died or hung."""
+        raise NotImplementedError
+
     def call_all(self, method: str, *args: Any, timeout: float | None) -> list[Any]:
         """Call ``Worker.<method>(*args)`` on every rank; the results in rank order.
 
@@ -100,16 +109,16 @@ class RemoteExecutor:
         raise NotImplementedError
 
 
-def worker_configs(config: EngineConfig, first_rank: int) -> list[EngineConfig]:
-    """Each tensor-parallel rank's copy of ``config`` (global ranks ``first_rank ...``)."""
+def worker_configs(config: EngineConfigView) -> list[EngineConfigView]:
+    """Each tensor-parallel rank's view of ``config`` (global ranks from ``config.rank``, the replica's first)."""
     return [
-        dataclasses.replace(config, rank=first_rank + r, local_rank=first_rank + r)
+        dataclasses.replace(config, rank=config.rank + r, local_rank=config.local_rank + r)
         for r in range(config.tensor_parallel_size)
     ]
 
 
 def _worker_main(
-    platform_class: type, config: EngineConfig, address: str, load_tokenizer: bool, conn: Connection, beat: Any
+    platform_class: type, config: EngineConfigView, address: str, load_tokenizer: bool, conn: Connection, beat: Any
 ) -> None:
     """A worker process: build the :class:`Worker`, then answer calls until told to stop."""
     logging.basicConfig(
@@ -127,7 +136,7 @@ def _worker_main(
     threading.Thread(target=heartbeat, daemon=True).start()
     worker = None
     try:
-        worker = Worker(platform_class(), config, address, load_tokenizer)
+        worker = Worker(platform_class(), config, config.model, address, load_tokenizer)
         conn.send_bytes(pickle.dumps(("ok", None)))
         while True:
             method, args = pickle.loads(conn.recv_bytes())
@@ -149,14 +158,14 @@ def _worker_main(
 class MultiprocExecutor(RemoteExecutor):
     """One worker process per tensor-parallel rank on this machine (``mp``)."""
 
-    def __init__(self, platform: Platform, config: EngineConfig, load_tokenizer: bool, first_rank: int = 0) -> None:
+    def __init__(self, platform: Platform, config: EngineConfigView, load_tokenizer: bool) -> None:
         ctx = multiprocessing.get_context("spawn")
         address = free_tcp_address()
         self.num_workers = config.tensor_parallel_size
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.beats: list[Any] = []
-        for r, worker_config in enumerate(worker_configs(config, first_rank)):
+        for r, worker_config in enumerate(worker_configs(config)):
             ours, theirs = ctx.Pipe()
             beat = ctx.Value("d", 0.0, lock=False)  # 0 until the process has started its heartbeat
             proc = ctx.Process(
@@ -191,6 +200,21 @@ class MultiprocExecutor(RemoteExecutor):
             self.shutdown()
             raise
 
+    def check_health(self) -> None:
+        try:
+            self._check_alive()
+        except WorkerFailed:
+            self.shutdown()
+            raise
+
+    def _check_alive(self) -> None:
+        now = time.monotonic()
+        for rank, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                raise WorkerFailed(rank, f"process {proc.pid} exited with code {proc.exitcode}")
+            if 0 < self.beats[rank].value < now - HANG_TIMEOUT_S:
+                raise WorkerFailed(rank, f"process {proc.pid} hung: no heartbeat for {HANG_TIMEOUT_S:.0f} s")
+
     def _gather(self, ranks: range, timeout: float | None) -> list[Any]:
         """Every rank's answer, watching all of them for death and silence while waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -208,13 +232,8 @@ class MultiprocExecutor(RemoteExecutor):
                     if status == "error":
                         raise WorkerFailed(rank, payload)
                     results[rank] = payload
-            now = time.monotonic()
-            for rank, proc in enumerate(self.procs):
-                if proc.exitcode is not None:
-                    raise WorkerFailed(rank, f"process {proc.pid} exited with code {proc.exitcode}")
-                if 0 < self.beats[rank].value < now - HANG_TIMEOUT_S:
-                    raise WorkerFailed(rank, f"process {proc.pid} hung: no heartbeat for {HANG_TIMEOUT_S:.0f} s")
-            if deadline is not None and now > deadline:
+            self._check_alive()
+            if deadline is not None and time.monotonic() > deadline:
                 late = sorted(set(ranks) - set(results))
                 raise WorkerFailed(late[0], f"no answer within {timeout:.0f} s")
         return [results[r] for r in ranks]
@@ -237,14 +256,12 @@ class MultiprocExecutor(RemoteExecutor):
         self.conns, self.procs = [], []
 
 
-def make_executor(platform: Platform, config: EngineConfig, load_tokenizer: bool, first_rank: int = 0) -> Any:
-    """The executor ``config`` asks for: local for one rank, else ``mp`` or ``ray``."""
-    if config.tensor_parallel_size == 1:
-        return LocalExecutor(
-            platform, dataclasses.replace(config, rank=first_rank, local_rank=first_rank), load_tokenizer
-        )
+def make_executor(platform: Platform, config: EngineConfigView, model: ModelSource, load_tokenizer: bool) -> Any:
+    """The executor ``config`` asks for: in this process for one rank of one replica, else ``mp`` or ``ray``."""
+    if config.tensor_parallel_size == 1 and config.data_parallel_size == 1:
+        return LocalExecutor(platform, config, model, load_tokenizer)
     if config.distributed_executor_backend == "ray":
         from core.distributed.ray_executor import RayExecutor
 
-        return RayExecutor(platform, config, load_tokenizer, first_rank)
-    return MultiprocExecutor(platform, config, load_tokenizer, first_rank)
+        return RayExecutor(platform, config, load_tokenizer)
+    return MultiprocExecutor(platform, config, load_tokenizer)

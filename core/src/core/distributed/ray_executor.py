@@ -13,10 +13,9 @@ import logging
 import os
 from typing import Any
 
-from plugins import Platform
+from plugins import EngineConfigView, Platform
 from plugins.distributed import free_tcp_address
 
-from core.config import EngineConfig
 from core.distributed.executor import HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, RemoteExecutor, WorkerFailed, worker_configs
 from core.distributed.worker import Worker
 
@@ -29,7 +28,7 @@ _ENV_PREFIXES = ("CORE_", "VLLM_")
 class RankActor:
     """The body of one rank's actor: a :class:`Worker` built once the rendezvous address is known."""
 
-    def __init__(self, platform_class: type, config: EngineConfig, load_tokenizer: bool) -> None:
+    def __init__(self, platform_class: type, config: EngineConfigView, load_tokenizer: bool) -> None:
         logging.basicConfig(level=logging.INFO, format=f"(rank {config.rank}) %(levelname)s %(name)s: %(message)s")
         self.platform_class = platform_class
         self.config = config
@@ -43,7 +42,10 @@ class RankActor:
         return free_tcp_address(ray.util.get_node_ip_address())
 
     def start(self, init_method: str) -> None:
-        self.worker = Worker(self.platform_class(), self.config, init_method, self.load_tokenizer)
+        self.worker = Worker(self.platform_class(), self.config, self.config.model, init_method, self.load_tokenizer)
+
+    def ping(self) -> None:
+        """Answer (the driver's liveness check)."""
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
@@ -56,7 +58,7 @@ class RankActor:
 class RayExecutor(RemoteExecutor):
     """Tensor-parallel ranks as Ray actors in a placement group."""
 
-    def __init__(self, platform: Platform, config: EngineConfig, load_tokenizer: bool, first_rank: int = 0) -> None:
+    def __init__(self, platform: Platform, config: EngineConfigView, load_tokenizer: bool) -> None:
         try:
             import ray
             from ray.util.placement_group import placement_group, remove_placement_group
@@ -82,7 +84,7 @@ class RayExecutor(RemoteExecutor):
             ) from None
         env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
         actor_class = ray.remote(num_cpus=1)(RankActor)
-        for r, worker_config in enumerate(worker_configs(config, first_rank)):
+        for r, worker_config in enumerate(worker_configs(config)):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r)
             self.actors.append(
                 actor_class.options(scheduling_strategy=strategy, runtime_env={"env_vars": env}).remote(
@@ -101,6 +103,13 @@ class RayExecutor(RemoteExecutor):
         refs = [actor.call.remote(method, *args) for actor in self.actors]
         try:
             return self._wait(refs, timeout if timeout is not None else HANG_TIMEOUT_S)
+        except WorkerFailed:
+            self.shutdown()
+            raise
+
+    def check_health(self) -> None:
+        try:
+            self._wait([actor.ping.remote() for actor in self.actors], HANG_TIMEOUT_S)
         except WorkerFailed:
             self.shutdown()
             raise

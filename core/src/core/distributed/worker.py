@@ -9,39 +9,33 @@ communicator's all-reduces, and rank 0 returns the gathered logits.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
-from plugins import Platform
+from plugins import EngineConfigView, Platform
 from plugins.memory import KVCachePlan
 
-from core.config import EngineConfig
-from core.loader import LoadedModel, load_model
+from core.loader import LoadedModel, ModelSource, load_model
 from core.model_runner import ModelRunner, StepBatch, StepLogits
-
-logger = logging.getLogger(__name__)
-
-
-def resolve_max_model_len(requested: int | None, limit: int) -> int:
-    """The context length to serve: the model's limit unless a smaller one was asked for."""
-    if requested is None:
-        return limit
-    if requested > limit:
-        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} tokens")
-    return requested
 
 
 class Worker:
     """Loads rank ``config.rank``'s shard of the model on ``platform`` and runs steps on it.
 
-    :param config: the engine config with a resolved dtype; ``rank`` is this worker's
-        global rank (its CPU set), ``rank % tensor_parallel_size`` its place in the model.
+    :param config: the resolved engine settings; ``rank`` is this worker's global rank
+        (over data x tensor parallel), ``rank % tensor_parallel_size`` its place in the
+        model, ``local_rank`` its CPU set or device on this machine.
+    :param model: what to load (an opened :class:`core.loader.ModelSource`, or the name to open).
     :param init_method: the communicator's rendezvous address (needed when the model is split).
     :param load_tokenizer: load the tokenizer too (the driver needs it from one rank).
     """
 
     def __init__(
-        self, platform: Platform, config: EngineConfig, init_method: str | None = None, load_tokenizer: bool = True
+        self,
+        platform: Platform,
+        config: EngineConfigView,
+        model: ModelSource | str | None,
+        init_method: str | None = None,
+        load_tokenizer: bool = True,
     ) -> None:
         self.platform = platform
         self.config = config
@@ -53,18 +47,16 @@ class Worker:
             if init_method is None:
                 raise ValueError("a tensor-parallel worker needs the communicator's init_method")
             self.comm = platform.make_communicator(self.tp_rank, config.tensor_parallel_size, init_method)
-        dtype = getattr(torch, config.dtype)
         self.loaded = load_model(
-            config.model,
+            model,
             kernels=platform.kernels,
-            dtype=dtype,
+            dtype=config.torch_dtype,
             device=platform.torch_device(),
             quantization=config.quantization,
             skip_tokenizer_init=not load_tokenizer,
             comm=self.comm,
         )
-        config.max_model_len = resolve_max_model_len(config.max_model_len, self.loaded.max_model_len)
-        self.runner = ModelRunner(platform, self.loaded, config, dtype)
+        self.runner = ModelRunner(platform, self.loaded, config)
 
     def describe(self) -> LoadedModel:
         """What the driver needs of the model (tokenizer, limits, eos ids), without the weights."""
@@ -76,7 +68,7 @@ class Worker:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` (the same on every rank) and prepare the platform's runner."""
-        self.runner.allocate_kv_cache(num_blocks)
+        self.runner.allocate_and_prepare(num_blocks)
 
     def execute(self, batch: StepBatch) -> StepLogits | None:
         """Run one step; rank 0 returns the logits (every rank holds them after the gather)."""

@@ -39,8 +39,39 @@ class LoadedModel:
     load_seconds: float = field(default=0.0, compare=False)
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """A model argument resolved to its file or directory and config, before any weight is read."""
+
+    name: str
+    path: Path
+    hf_config: Any
+    max_model_len: int  # the model's own limit (capped at a sliding window)
+    gguf: GGUFIndex | None = None  # the index of a .gguf file
+
+
+def open_model(model: str | None) -> ModelSource:
+    """Resolve ``model`` (a HF directory, ``.gguf`` file, hub id or ``None`` for the default model)
+    and read its config: enough to settle the engine's settings before loading weights.
+
+    :raises ValueError: for an unknown source or architecture.
+    """
+    path = resolve_model(model)
+    index = None
+    if path.is_file() and path.suffix == ".gguf":
+        index = GGUFIndex.open(path)
+        config = gguf_config(index)
+    elif path.is_dir():
+        config = hf_config(path)
+        get_model_class(getattr(config, "architectures", None))  # fail on the architecture before reading weights
+    else:
+        raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a Hugging Face model directory")
+    name = model if model is not None else DEFAULT_MODEL_NAME
+    return ModelSource(name, path, config, _max_model_len(config), index)
+
+
 def load_model(
-    model: str | None,
+    model: str | ModelSource | None,
     *,
     kernels: Kernels,
     dtype: torch.dtype,
@@ -49,7 +80,7 @@ def load_model(
     skip_tokenizer_init: bool = False,
     comm: Any | None = None,
 ) -> LoadedModel:
-    """Load a HF directory, a ``.gguf`` file, a hub id, or (``None``) the default model.
+    """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
 
     :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
@@ -59,15 +90,12 @@ def load_model(
         :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
     """
     start = time.perf_counter()
+    source = model if isinstance(model, ModelSource) else open_model(model)
     device = torch.device(device)
-    path = resolve_model(model)
-    if path.is_file() and path.suffix == ".gguf":
-        loaded = _load_gguf(path, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
-    elif path.is_dir():
-        loaded = _load_hf_dir(path, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
+    if source.gguf is not None:
+        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     else:
-        raise ValueError(f"model {str(path)!r} is neither a .gguf file nor a Hugging Face model directory")
-    loaded.name = model if model is not None else DEFAULT_MODEL_NAME
+        loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     loaded.load_seconds = time.perf_counter() - start
     logger.info(
         "loaded %s (%s, %.1f MB of weights) in %.2f s",
@@ -80,7 +108,7 @@ def load_model(
 
 
 def _load_hf_dir(
-    path: Path,
+    source: ModelSource,
     kernels: Kernels,
     dtype: torch.dtype,
     device: torch.device,
@@ -88,19 +116,18 @@ def _load_hf_dir(
     skip_tokenizer: bool,
     comm: Any | None,
 ) -> LoadedModel:
+    path, config = source.path, source.hf_config
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
-    config = hf_config(path)
-    get_model_class(getattr(config, "architectures", None))  # fail on the architecture before reading weights
     tokenizer = None if skip_tokenizer else hf_tokenizer(path)
     model = build_model(config, kernels, dtype, device, comm)
     with torch.no_grad():
         model.load_weights(hf_weights(weight_files(path), dtype, device, model.tp.plan), quantization)
-    return _finish(model, config, tokenizer, hf_generation_config(path))
+    return _finish(source, model, tokenizer, hf_generation_config(path))
 
 
 def _load_gguf(
-    path: Path,
+    source: ModelSource,
     kernels: Kernels,
     dtype: torch.dtype,
     device: torch.device,
@@ -108,8 +135,7 @@ def _load_gguf(
     skip_tokenizer: bool,
     comm: Any | None,
 ) -> LoadedModel:
-    index = GGUFIndex.open(path)
-    config = gguf_config(index)
+    path, config, index = source.path, source.hf_config, source.gguf
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
     if quantization is None and not keep_gguf:
         logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
@@ -121,19 +147,20 @@ def _load_gguf(
     generation = {
         k: v for k, v in (("bos_token_id", config.bos_token_id), ("eos_token_id", config.eos_token_id)) if v is not None
     }
-    return _finish(model, config, tokenizer, generation)
+    return _finish(source, model, tokenizer, generation)
 
 
 def _finish(
-    model: Any, config: Any, tokenizer: PreTrainedTokenizerBase | None, generation: dict[str, Any]
+    source: ModelSource, model: Any, tokenizer: PreTrainedTokenizerBase | None, generation: dict[str, Any]
 ) -> LoadedModel:
+    config = source.hf_config
     eos: list[int] = []
-    for source in (
+    for found in (
         generation.get("eos_token_id"),
         getattr(config, "eos_token_id", None),
         tokenizer and tokenizer.eos_token_id,
     ):
-        for token in source if isinstance(source, list) else [source]:
+        for token in found if isinstance(found, list) else [found]:
             if token is not None and token not in eos:
                 eos.append(int(token))
     return LoadedModel(
@@ -142,11 +169,11 @@ def _finish(
         tokenizer=tokenizer,
         eos_token_ids=eos,
         generation_config=generation,
-        name="",
+        name=source.name,
         num_layers=model.num_layers,
         num_kv_heads=model.num_kv_heads,
         head_size=model.head_size,
-        max_model_len=_max_model_len(config),
+        max_model_len=source.max_model_len,
         weights_bytes=model.weights_bytes(),
     )
 

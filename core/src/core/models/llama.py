@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
+from plugins.model import LayerDescription, LinearWeights, ModelDescription
 from torch import nn
 
 from core.distributed.parallel import TensorParallel
@@ -33,6 +34,10 @@ _FUSED_PARTS = {
 }
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def _linear(module: Linear) -> LinearWeights:
+    return LinearWeights(module.weight, module.bias, module.in_features, module.out_features)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -132,6 +137,41 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata, self.cos_sin_cache)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def describe(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelDescription:
+        """This model and its KV caches as the SDK's explicit description (for native runners)."""
+        if len(kv_caches) != self.num_layers:
+            raise ValueError(f"describe() needs one (k, v) cache per layer: got {len(kv_caches)} for {self.num_layers}")
+        config, attn0 = self.config, self.layers[0].self_attn
+        layers = tuple(
+            LayerDescription(
+                input_norm=layer.input_layernorm.weight,
+                post_attention_norm=layer.post_attention_layernorm.weight,
+                qkv=_linear(layer.self_attn.qkv_proj),
+                o=_linear(layer.self_attn.o_proj),
+                gate_up=_linear(layer.mlp.gate_up_proj),
+                down=_linear(layer.mlp.down_proj),
+                k_cache=k_cache,
+                v_cache=v_cache,
+            )
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True)
+        )
+        return ModelDescription(
+            layers=layers,
+            hidden_size=config.hidden_size,
+            num_heads=attn0.num_heads,
+            num_kv_heads=attn0.num_kv_heads,
+            head_dim=self.head_size,
+            intermediate_size=config.intermediate_size,
+            vocab_size=self.embed_tokens.shape[0],
+            rms_norm_eps=self.norm.eps,
+            attn_scale=attn0.scale,
+            dtype=self.dtype,
+            embedding=self.embed_tokens,
+            final_norm=self.norm.weight,
+            cos_sin=self.cos_sin_cache,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""

@@ -1,8 +1,9 @@
 """The FastAPI app and ``run_server`` (what ``core serve`` calls).
 
-The engine is built in the main thread before uvicorn starts and steps in its own thread;
-SIGINT/SIGTERM abort what is in flight (streams end with ``finish_reason: "abort"``) and
-stop the engine; uvicorn then closes the connections.
+The engine is built and steps in its own thread before uvicorn starts.
+SIGINT/SIGTERM drain: no new connections, the requests in flight get ``--drain-timeout``
+seconds to finish, then what is left is aborted (streams end with ``finish_reason: "abort"``)
+and the engine stops; a second signal aborts at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -111,11 +113,13 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus: log the URL once listening, abort the engine's requests on the first signal."""
+    """uvicorn, plus: log the URL once listening; drain on the first signal, abort on the second."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine) -> None:
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_timeout: float) -> None:
         super().__init__(config)
         self.engine = engine
+        self.drain_timeout = drain_timeout
+        self.abort_timer: threading.Timer | None = None
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -126,27 +130,36 @@ class _Server(uvicorn.Server):
                 logger.info("ready: serving on http://%s:%d (Ctrl+C to stop)", shown, port)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if not self.should_exit:
+        if self.should_exit or self.drain_timeout <= 0:
             logger.info("signal %d: aborting requests in flight and stopping the engine", sig)
             self.engine.shutdown(timeout=0)  # does not block: the engine thread aborts and stops
+        else:
+            logger.info(
+                "signal %d: draining: requests in flight have %g s to finish (again: abort now)",
+                sig,
+                self.drain_timeout,
+            )
+            self.abort_timer = threading.Timer(self.drain_timeout, self.engine.shutdown, kwargs={"timeout": 0})
+            self.abort_timer.daemon = True
+            self.abort_timer.start()
         super().handle_exit(sig, frame)
 
 
 def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
     """Build the engine, then serve it until SIGINT/SIGTERM. Returns the exit status."""
-    llm = LLMEngine(config)
-    engine = AsyncEngine(llm)
-    model_name = config.served_model_name or llm.loaded.name
-    num_tokens = llm.kv_plan.num_blocks * config.block_size
+    engine = AsyncEngine(lambda: LLMEngine(config))
+    llm = engine.engine
+    model_name = llm.config.served_model_name or llm.loaded.name
+    num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
     logger.info(
         "serving %s on %s (dtype %s, max_model_len %d); KV cache: %d blocks = %d tokens, max concurrency at max length %.1fx",
         model_name,
         llm.platform.name,
-        config.dtype,
-        config.max_model_len,
+        llm.config.dtype,
+        llm.config.max_model_len,
         llm.kv_plan.num_blocks,
         num_tokens,
-        num_tokens / config.max_model_len,
+        num_tokens / llm.config.max_model_len,
     )
     fe = Frontend(engine, model_name, args.max_queue_len)
     app = build_app(fe, args.api_key, args.max_request_bytes)
@@ -155,10 +168,12 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=args.drain_timeout + 5,  # the drain, then aborted streams end
         log_config=None,  # keep the CLI's logging setup
     )
-    server = _Server(uv_config, engine)
+    server = _Server(uv_config, engine, args.drain_timeout)
     server.run()
+    if server.abort_timer is not None:
+        server.abort_timer.cancel()
     engine.shutdown()
     return 0

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from core.outputs import CompletionOutput, Logprob, RequestOutput
-from core.server.errors import APIError, bad_request
-from core.server.frontend import Frontend, Ticket
+from core.server.errors import bad_request
+from core.server.frontend import Frontend
+from core.server.handler import Handler
 from core.server.params import chat_params
-from core.server.protocol import ChatCompletionRequest
-from core.server.responses import error_event, usage
-from core.server.streaming import ChoiceCursor, SSEResponse, collect, sse, until_disconnected
+from core.server.responses import usage
+from core.server.streaming import ChoiceCursor, sse
 
 
 def chat_logprobs(fe: Frontend, token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> dict[str, list]:
@@ -34,14 +32,12 @@ def chat_logprobs(fe: Frontend, token_ids: list[int], entries: list[dict[int, Lo
     return {"content": content}
 
 
-class ChatHandler:
+class ChatHandler(Handler):
     """Validates, admits and runs one chat completions request."""
 
-    def __init__(self, fe: Frontend, req: ChatCompletionRequest) -> None:
-        self.fe = fe
-        self.req = req
-        self.id = fe.new_id("chatcmpl")
-        self.created = int(time.time())
+    id_prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
 
     async def __call__(self, raw: Request) -> Any:
         fe, req = self.fe, self.req
@@ -54,21 +50,15 @@ class ChatHandler:
         ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template)
         fe.check_length(len(ids), params.max_tokens)
         (ticket,) = fe.admit(1)
-        stream = fe.generate(self.id, params, ids, ticket)
-        if req.stream:
-            return SSEResponse(self._stream(stream, ticket))
-        try:
-            final = await until_disconnected(raw, collect(stream))
-        finally:
-            ticket.release()
-        return JSONResponse(self._response(final))
+        return await self.respond(raw, [fe.generate(self.id, params, ids, ticket)], [ticket])
 
     def _logprobs(self, token_ids: list[int], entries: list | None) -> dict | None:
         if not self.req.logprobs:
             return None
         return chat_logprobs(self.fe, token_ids, entries or [], self.req.top_logprobs or 0)
 
-    def _response(self, final: RequestOutput) -> dict[str, Any]:
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        (final,) = finals
         choices = [
             {
                 "index": c.index,
@@ -79,23 +69,7 @@ class ChatHandler:
             }
             for c in final.outputs
         ]
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.fe.model_name,
-            "choices": choices,
-            "usage": usage([final]),
-        }
-
-    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.fe.model_name,
-            "choices": choices,
-        }
+        return {**self.envelope(self.object_name, choices), "usage": usage(finals)}
 
     def _delta(self, c: CompletionOutput, cursor: ChoiceCursor) -> dict[str, Any] | None:
         text, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
@@ -110,35 +84,25 @@ class ChatHandler:
             "stop_reason": c.stop_reason,
         }
 
-    async def _stream(self, stream: AsyncIterator[RequestOutput], ticket: Ticket) -> AsyncIterator[str]:
+    async def events(
+        self, streams: list[AsyncIterator[RequestOutput]], finals: list[RequestOutput]
+    ) -> AsyncIterator[str]:
         n = self.req.n
         cursors = [ChoiceCursor() for _ in range(n)]
         # the role goes first, as OpenAI sends it
         yield sse(
-            self._chunk(
+            self.chunk(
                 [
                     {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                     for i in range(n)
                 ]
             )
         )
-        final = None
-        try:
-            async for out in stream:
-                deltas = [
-                    d
-                    for c in out.outputs
-                    if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index]))
-                ]
-                if deltas:
-                    yield sse(self._chunk(deltas))
-                final = out
-            options = self.req.stream_options
-            if options is not None and options.include_usage and final is not None:
-                yield sse({**self._chunk([]), "usage": usage([final])})
-        except (APIError, ValueError, RuntimeError) as exc:
-            yield error_event(exc)
-        finally:
-            ticket.release()
-            await stream.aclose()  # type: ignore[attr-defined]
-        yield sse("[DONE]")
+        async for out in streams[0]:
+            deltas = [
+                d for c in out.outputs if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index]))
+            ]
+            if deltas:
+                yield sse(self.chunk(deltas))
+            if out.finished:
+                finals.append(out)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from core.outputs import Logprob, RequestOutput
-from core.server.errors import APIError, bad_request
-from core.server.frontend import Frontend, Ticket
+from core.server.errors import bad_request
+from core.server.frontend import Frontend
+from core.server.handler import Handler
 from core.server.params import completion_params
-from core.server.protocol import CompletionRequest
-from core.server.responses import error_event, usage
-from core.server.streaming import ChoiceCursor, SSEResponse, collect, merge, sse, until_disconnected
+from core.server.responses import usage
+from core.server.streaming import ChoiceCursor, merge, sse
 
 
 def completion_logprobs(
@@ -63,14 +60,12 @@ async def _prompts(fe: Frontend, prompt: Any) -> list[tuple[str | None, list[int
     return [(None, list(ids)) for ids in prompt]
 
 
-class CompletionHandler:
+class CompletionHandler(Handler):
     """Validates, admits and runs one completions request."""
 
-    def __init__(self, fe: Frontend, req: CompletionRequest) -> None:
-        self.fe = fe
-        self.req = req
-        self.id = fe.new_id("cmpl")
-        self.created = int(time.time())
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
 
     async def __call__(self, raw: Request) -> Any:
         fe, req = self.fe, self.req
@@ -87,14 +82,7 @@ class CompletionHandler:
             fe.generate(f"{self.id}-{i}", params, ids, t)
             for i, ((_, ids), t) in enumerate(zip(prompts, tickets, strict=True))
         ]
-        if req.stream:
-            return SSEResponse(self._stream(streams, tickets))
-        try:
-            finals = await until_disconnected(raw, _gather(streams))
-        finally:
-            for t in tickets:
-                t.release()
-        return JSONResponse(self._response(finals))
+        return await self.respond(raw, streams, tickets)
 
     def _choice(self, prompt_index: int, out: RequestOutput, c: Any, cursor: ChoiceCursor | None) -> dict[str, Any]:
         """One choice: the whole completion (cursor None) or what is new since the cursor."""
@@ -125,64 +113,29 @@ class CompletionHandler:
             choice["prompt_logprobs"] = _prompt_logprobs_json(out)
         return choice
 
-    def _response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
         choices = [self._choice(i, out, c, None) for i, out in enumerate(finals) for c in out.outputs]
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.fe.model_name,
-            "choices": choices,
-            "usage": usage(finals),
-        }
+        return {**self.envelope(self.object_name, choices), "usage": usage(finals)}
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.fe.model_name,
-            "choices": choices,
-        }
-
-    async def _stream(self, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> AsyncIterator[str]:
+    async def events(
+        self, streams: list[AsyncIterator[RequestOutput]], finals: list[RequestOutput]
+    ) -> AsyncIterator[str]:
         cursors: dict[tuple[int, int], ChoiceCursor] = {}
-        finals: dict[int, RequestOutput] = {}
-        try:
-            async for i, out in merge(streams):
-                choices = []
-                for c in out.outputs:
-                    cursor = cursors.setdefault((i, c.index), ChoiceCursor())
-                    if cursor.is_finished:
-                        continue
-                    choice = self._choice(i, out, c, cursor)
-                    cursor.is_finished = c.finish_reason is not None
-                    if (
-                        choice["text"]
-                        or choice["finish_reason"]
-                        or (choice["logprobs"] and choice["logprobs"]["tokens"])
-                    ):
-                        cursor.is_started = True
-                        choices.append(choice)
-                if choices:
-                    yield sse(self._chunk(choices))
-                if out.finished:
-                    finals[i] = out
-            options = self.req.stream_options
-            if options is not None and options.include_usage:
-                yield sse({**self._chunk([]), "usage": usage(list(finals.values()))})
-        except (APIError, ValueError, RuntimeError) as exc:
-            yield error_event(exc)
-        finally:
-            for t in tickets:
-                t.release()
-            for s in streams:
-                await s.aclose()  # type: ignore[attr-defined]
-        yield sse("[DONE]")
-
-
-async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
-    return list(await asyncio.gather(*(collect(s) for s in streams)))
+        async for i, out in merge(streams):
+            choices = []
+            for c in out.outputs:
+                cursor = cursors.setdefault((i, c.index), ChoiceCursor())
+                if cursor.is_finished:
+                    continue
+                choice = self._choice(i, out, c, cursor)
+                cursor.is_finished = c.finish_reason is not None
+                if choice["text"] or choice["finish_reason"] or (choice["logprobs"] and choice["logprobs"]["tokens"]):
+                    cursor.is_started = True
+                    choices.append(choice)
+            if choices:
+                yield sse(self.chunk(choices))
+            if out.finished:
+                finals.append(out)
 
 
 def _prompt_logprobs_json(out: RequestOutput) -> list | None:

@@ -17,6 +17,7 @@ from typing import Any
 from core.async_engine import AsyncEngine, EngineDeadError
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
+from core.sequence import ContextLengthError, check_length
 from core.server.errors import APIError, bad_request
 from core.server.metrics import ServerMetrics
 
@@ -72,17 +73,11 @@ class Frontend:
             )
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
-        """400 when the prompt plus ``max_tokens`` cannot fit the model's context."""
-        if num_prompt_tokens == 0:
-            raise bad_request("the prompt is empty: it must hold at least one token", "prompt")
-        wanted = num_prompt_tokens + (max_tokens or 1)
-        if num_prompt_tokens >= self.max_model_len or wanted > self.max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{wanted} tokens ({num_prompt_tokens} in the prompt, {max_tokens or 0} for the completion). "
-                "Please reduce the prompt or max_tokens.",
-                "max_tokens" if num_prompt_tokens < self.max_model_len else "prompt",
-            )
+        """400 when the prompt plus ``max_tokens`` cannot fit the model's context (:func:`core.sequence.check_length`)."""
+        try:
+            check_length(num_prompt_tokens, max_tokens, self.max_model_len)
+        except ContextLengthError as exc:
+            raise bad_request(str(exc), exc.param) from exc
 
     def admit(self, num_requests: int) -> list[Ticket]:
         """Tickets for ``num_requests`` engine requests, or 503 when the queue is full."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -38,8 +38,11 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str]) -> None:
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None] | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # a generator the client left before its first event never runs its ``finally``:
+        # what it would have released is released here
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.ensure_future(self.stream_response(send))
@@ -51,6 +54,8 @@ class SSEResponse(StreamingResponse):
                 task.cancel()
             await asyncio.gather(streaming, listening, return_exceptions=True)
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            if self.on_close is not None:
+                self.on_close()
         if streaming.done() and not streaming.cancelled():
             exc = streaming.exception()
             if exc is not None and not isinstance(exc, OSError):  # OSError: the client went away mid-send

@@ -1,0 +1,111 @@
+"""Settle the engine's configuration once, before the engine is built.
+
+In order: validate the user's settings -> choose the platform -> merge its
+``check_config`` overrides -> resolve the dtype -> resolve ``max_model_len`` against the
+model's own limit -> the scheduler's token budget. The result is the read-only
+:class:`plugins.EngineConfigView` every later step (device set-up, loading, the memory
+profiler, the runner) receives. Only the KV plan is left: it needs the loaded weights
+(:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from plugins import EngineConfigView, Platform
+
+from core.config import DTYPES, EXECUTOR_BACKENDS, EngineConfig
+from core.discovery import discover, select_platform
+from core.loader import ModelSource, open_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResolvedEngine:
+    """What an engine is built from: the platform, its settled settings and the model to load."""
+
+    platform: Platform
+    config: EngineConfigView
+    model: ModelSource
+
+
+def resolve_platform(device: str | Platform | type[Platform]) -> Platform:
+    """A platform instance for ``device``: a Platform (used as is), a Platform class, or a name / ``auto``."""
+    if isinstance(device, Platform):
+        return device
+    if isinstance(device, type) and issubclass(device, Platform):
+        return device()
+    return select_platform(device, discover())
+
+
+def resolve_engine(config: EngineConfig) -> ResolvedEngine:
+    """Validate ``config``, choose its platform and settle every setting the engine needs.
+
+    :raises ValueError: naming the setting that cannot work (also for a platform's overrides).
+    :raises plugins.PlatformUnavailable: when the device cannot be used.
+    """
+    validate_settings(config)
+    platform = resolve_platform(config.device)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    view = EngineConfigView(**{**fields, "device": platform.name})
+    view = _merge_overrides(view, platform.check_config(view), f"platform {platform.name}")
+    dtype = _resolve_dtype(view.dtype, platform)
+    model = open_model(view.model)
+    max_model_len = _resolve_max_model_len(view.max_model_len, model.max_model_len)
+    # every running sequence must be able to take one token a step
+    budget = max(view.max_num_batched_tokens, view.max_num_seqs)
+    view = dataclasses.replace(view, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=budget)
+    return ResolvedEngine(platform, view, model)
+
+
+def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
+    """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {settings.dtype!r}")
+    if settings.distributed_executor_backend not in EXECUTOR_BACKENDS:
+        raise ValueError(
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+            f"got {settings.distributed_executor_backend!r}"
+        )
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size"):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if settings.max_model_len is not None and settings.max_model_len < 1:
+        raise ValueError(f"max_model_len must be positive, got {settings.max_model_len}")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
+    if settings.kv_cache_bytes is not None and settings.kv_cache_bytes <= 0:
+        raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
+
+
+def _merge_overrides(view: EngineConfigView, overrides: dict[str, Any], source: str) -> EngineConfigView:
+    fields = {f.name for f in dataclasses.fields(view)}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ValueError(f"{source} overrides unknown engine setting {key!r}")
+        if getattr(view, key) != value:
+            logger.info("%s sets %s=%r (was %r)", source, key, value, getattr(view, key))
+    view = dataclasses.replace(view, **overrides)
+    validate_settings(view)
+    return view
+
+
+def _resolve_dtype(dtype: str, platform: Platform) -> str:
+    supported = platform.supported_dtypes
+    name = supported[0] if dtype == "auto" else dtype
+    if name not in supported:
+        raise ValueError(f"dtype {name!r} is not supported on {platform.name}; supported: {', '.join(supported)}")
+    return name
+
+
+def _resolve_max_model_len(requested: int | None, limit: int) -> int:
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} tokens")
+    return requested

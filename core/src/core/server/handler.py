@@ -1,0 +1,91 @@
+"""What the chat and completions handlers share: the response envelope, running the
+engine streams to their end or streaming them as server-sent events, and cleaning up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from core.outputs import RequestOutput
+from core.server.errors import APIError
+from core.server.frontend import Frontend, Ticket
+from core.server.responses import error_event, usage
+from core.server.streaming import SSEResponse, collect, sse, until_disconnected
+
+
+class Handler:
+    """One OpenAI request: subclasses validate and start engine streams in ``__call__``,
+    then hand them to :meth:`respond`; they build the whole answer (:meth:`response`)
+    and the stream's events (:meth:`events`)."""
+
+    #: prefix of the response id, e.g. ``"cmpl"``
+    id_prefix: ClassVar[str] = ""
+    #: ``object`` of the whole answer and of a stream chunk
+    object_name: ClassVar[str] = ""
+    chunk_object_name: ClassVar[str] = ""
+
+    def __init__(self, fe: Frontend, req: Any) -> None:
+        self.fe = fe
+        self.req = req
+        self.id = fe.new_id(self.id_prefix)
+        self.created = int(time.time())
+
+    def envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+        }
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.envelope(self.chunk_object_name, choices)
+
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        """The whole answer from each stream's final output."""
+        raise NotImplementedError
+
+    def events(self, streams: list[AsyncIterator[RequestOutput]], finals: list[RequestOutput]) -> AsyncIterator[str]:
+        """The stream's ``data:`` events; appends each stream's final output to ``finals``."""
+        raise NotImplementedError
+
+    async def respond(self, raw: Request, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> Any:
+        """Stream the answer (``stream: true``) or wait for every stream's end; release the tickets either way."""
+        if self.req.stream:
+            return SSEResponse(self._stream(streams, tickets), on_close=lambda: _release(tickets))
+        try:
+            finals = await until_disconnected(raw, _gather(streams))
+        finally:
+            _release(tickets)
+        return JSONResponse(self.response(finals))
+
+    async def _stream(self, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> AsyncIterator[str]:
+        finals: list[RequestOutput] = []
+        try:
+            async for event in self.events(streams, finals):
+                yield event
+            options = self.req.stream_options
+            if options is not None and options.include_usage and finals:
+                yield sse({**self.chunk([]), "usage": usage(finals)})
+        except (APIError, ValueError, RuntimeError) as exc:
+            yield error_event(exc)
+        finally:
+            _release(tickets)
+            for s in streams:
+                await s.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")
+
+
+def _release(tickets: list[Ticket]) -> None:
+    for t in tickets:
+        t.release()
+
+
+async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    return list(await asyncio.gather(*(collect(s) for s in streams)))

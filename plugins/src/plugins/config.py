@@ -1,0 +1,75 @@
+"""The engine's settings as plugins see them: one frozen, typed view.
+
+Core builds an :class:`EngineConfigView` once, before the engine exists, in stages:
+
+1. the user's settings, validated (``dtype`` may still be ``"auto"`` and
+   ``max_model_len`` may be ``None``): this is what ``Platform.check_config``
+   receives; it returns overrides ``{field: value}`` that core merges with
+   :func:`dataclasses.replace`;
+2. core then resolves ``dtype``, ``max_model_len`` and the scheduler budget; every
+   later call (``init_device``, the memory profiler, ``Runner.prepare``) receives the
+   fully resolved view: no ``"auto"``, no ``None`` ``max_model_len``.
+
+Plugins read fields as attributes; the view never changes after it is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class EngineConfigView:
+    """The engine's settings (field names follow vLLM's engine arguments).
+
+    :ivar model: HF directory, ``.gguf`` file or hub id; ``None`` = the default model.
+    :ivar device: the chosen platform's name (``"auto"`` only before selection).
+    :ivar dtype: compute dtype name; ``"auto"`` until resolved.
+    :ivar quantization: ``None``, ``"int8"`` (weight-only) or ``"gguf"``.
+    :ivar max_model_len: longest sequence (prompt + output) in tokens; ``None`` until resolved.
+    :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
+    :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
+    :ivar local_rank: this process's rank on its own machine.
+    """
+
+    model: str | None
+    device: str
+    dtype: str
+    quantization: str | None
+    max_model_len: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    seed: int
+    enforce_eager: bool
+    kv_cache_bytes: int | None
+    gpu_memory_utilization: float
+    served_model_name: str | None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
+    rank: int = 0
+    local_rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers one model is split over (the tensor-parallel size)."""
+        return self.tensor_parallel_size
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The resolved compute dtype as a ``torch.dtype``.
+
+        :raises ValueError: while ``dtype`` is still ``"auto"`` (before resolution).
+        """
+        import torch
+
+        if self.dtype == "auto":
+            raise ValueError("dtype is not resolved yet ('auto'); torch_dtype is valid only after resolution")
+        return getattr(torch, self.dtype)

@@ -1,0 +1,32 @@
+"""``core serve`` on SIGTERM drains: requests in flight finish, new connections are refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import httpx
+import pytest
+
+
+def test_sigterm_lets_the_request_in_flight_finish(tiny_llama, start_server):
+    server = start_server(tiny_llama, "--device", "auto", "--dtype", "float32", "--drain-timeout", "60")
+    body = {"prompt": "Long", "max_tokens": 200, "ignore_eos": True, "stream": True, "temperature": 0}
+    events = []
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line)
+                        if len(events) == 2:
+                            server.proc.send_signal(signal.SIGTERM)
+                            with pytest.raises(httpx.ConnectError):  # draining: no new connections
+                                httpx.get(f"{server.url}/health", timeout=5)
+        chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["length"]
+        assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 150 and events[-1] == "data: [DONE]"
+        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        assert "draining" in server.log
+    finally:
+        server.stop()
