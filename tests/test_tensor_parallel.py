@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 from core.distributed.executor import WorkerFailed
-from plugins.testing import _ReferencePlatform
+from plugins.reference import ReferencePlatform
 
 from core import LLM, SamplingParams
 
@@ -48,7 +48,7 @@ def build(arch, directory):
 
 
 def greedy(directory, **kwargs):
-    llm = LLM(model=str(directory), device=_ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
+    llm = LLM(model=str(directory), device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
               max_model_len=128, kv_cache_bytes=1 << 22, **kwargs)  # fmt: skip
     try:
         outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS, use_tqdm=False)
@@ -57,6 +57,7 @@ def greedy(directory, **kwargs):
     return [o.outputs[0].token_ids for o in outs]
 
 
+@pytest.mark.slow  # ~20-30 s each on 2 cores: two spawned workers import torch and transformers
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_tp2_greedy_equals_tp1(arch, tmp_path):
     build(arch, tmp_path)
@@ -65,7 +66,7 @@ def test_tp2_greedy_equals_tp1(arch, tmp_path):
 
 def test_killed_worker_ends_the_engine_naming_its_rank(tmp_path):
     build("llama", tmp_path)
-    llm = LLM(model=str(tmp_path), device=_ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
+    llm = LLM(model=str(tmp_path), device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
               max_model_len=128, kv_cache_bytes=1 << 22, tensor_parallel_size=2)  # fmt: skip
     procs = list(llm.engine.executor.procs)
     os.kill(procs[1].pid, signal.SIGKILL)
@@ -75,3 +76,22 @@ def test_killed_worker_ends_the_engine_naming_its_rank(tmp_path):
     assert info.value.rank == 1
     assert time.monotonic() - start < 10
     assert not any(p.is_alive() for p in procs), "a worker process outlived the failure"
+
+
+@pytest.mark.slow
+def test_ray_tp2_greedy_equals_tp1(tmp_path):
+    """Ranks as Ray actors on a local Ray instance the test starts (about 40 s on 2 cores, half of it Ray's start)."""
+    ray = pytest.importorskip("ray")
+    build("llama", tmp_path)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert greedy(tmp_path, tensor_parallel_size=2, distributed_executor_backend="ray") == greedy(tmp_path)
+        groups = ray.util.placement_group_table().values()
+        assert groups and all(g["state"] == "REMOVED" for g in groups), "shutdown left a placement group"
+    finally:
+        ray.shutdown()
+
+
+def test_offline_api_runs_one_replica(tmp_path):
+    with pytest.raises(ValueError, match="data_parallel_size=2: LLM runs one engine"):
+        LLM(model=str(tmp_path), device=ReferencePlatform(), data_parallel_size=2)
