@@ -70,8 +70,11 @@ class RayExecutor(RemoteExecutor):
         self._ray = ray
         self._remove_placement_group = remove_placement_group
         self.num_workers = config.tensor_parallel_size
-        if not ray.is_initialized():
-            ray.init(log_to_driver=True)
+        #: whether this executor started Ray (then it stops it too: Ray's own exit hook does not run
+        #: when the server dies of its re-raised SIGTERM, and its agents would outlive it)
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            ray.init(log_to_driver=True, include_dashboard=False)
         self.group = placement_group([{"CPU": 1}] * self.num_workers, strategy="PACK")
         self.actors: list[Any] = []
         try:
@@ -128,10 +131,13 @@ class RayExecutor(RemoteExecutor):
         return ray.get(refs)
 
     def shutdown(self) -> None:
-        """Kill every actor and release the placement group."""
+        """Kill every actor, release the placement group, stop Ray if this executor started it."""
         for actor in self.actors:
             self._ray.kill(actor)
         self.actors = []
         if self.group is not None:
             self._remove_placement_group(self.group)
             self.group = None
+        if self.owns_ray:
+            self._ray.shutdown()
+            self.owns_ray = False
