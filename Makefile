@@ -1,6 +1,9 @@
 # The two set-up commands of the README:
 #   make serve   install everything and serve the default model on :8000
 #   make test    install everything and run every test suite
+#   make test-cross  the CPU kernels of aarch64 and s390x, cross-built and tested under qemu
+#   make test-xla plugin_tpu's XLA tests on torch_xla's CPU device, in a cached venv of
+#                 torch 2.9.0 + torch_xla 2.9.0 outside the clone (scripts/test-xla.sh)
 #   make test-docker  build docker/Dockerfile.cpu and check the served image end to end
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,10 +11,10 @@ PORT ?= 8000
 
 # what an install is made from: when none of it changed since the last install (the
 # stamp files), `make serve` / `make test` start at once instead of reinstalling
-SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core 'plugin_*' \
-	2>/dev/null || find plugins core plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
+SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core native 'plugin_*' \
+	2>/dev/null || find plugins core native plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test test-docker lint dev
+.PHONY: install install-test serve test test-cross test-xla test-docker lint dev
 
 install: $(VENV)/.installed
 
@@ -33,6 +36,13 @@ serve: install
 
 test: install-test
 	$(PY) -m pytest -q plugins/tests core/tests $(wildcard plugin_*/tests) tests
+
+# the CPU kernels cross-built for aarch64 and s390x and tested under qemu-user (needs no venv)
+test-cross:
+	scripts/test_cross.sh
+
+test-xla:
+	scripts/test-xla.sh
 
 test-docker:
 	docker/test.sh

@@ -96,6 +96,15 @@ def test_parallel_flags_long_and_short(model_dir):
         assert (view.world_size, view.data_parallel_size, view.distributed_executor_backend) == (2, 3, "ray")
 
 
+@pytest.mark.parametrize("alias,dtype", [("float", "float32"), ("half", "float16")])
+def test_vllm_dtype_spellings(model_dir, alias, dtype):
+    host = Host()
+    host.supported_dtypes = ("float32", "float16")
+    assert resolve_engine(EngineConfig(model=str(model_dir), device=host, dtype=alias)).config.dtype == dtype
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16, float, half"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=host, dtype="double"))
+
+
 def test_device_may_be_a_platform_class(model_dir):
     assert isinstance(resolve_engine(EngineConfig(model=str(model_dir), device=Host)).platform, Host)
 

@@ -38,16 +38,16 @@ def test_this_machine_never_raises():
         assert plat.device_info()["bfloat16"] is False
 
 
-def test_bfloat16_is_not_claimed_and_is_rejected_before_macos_14(monkeypatch):
-    assert "bfloat16" not in ApplePlatform.supported_dtypes
-
+def test_bfloat16_follows_the_macos_version(monkeypatch):
     class Config:
         dtype = "bfloat16"
 
     monkeypatch.setattr(platform, "mac_ver", lambda: ("13.6", ("", "", ""), "arm64"))
-    with pytest.raises(ValueError, match="needs macOS 14 or later, this is macOS 13.6"):
+    assert ApplePlatform().supported_dtypes == ("float16", "float32")
+    with pytest.raises(ValueError, match="bfloat16 on MPS needs macOS 14.0 or later, this is macOS 13.6"):
         ApplePlatform().check_config(Config())
     monkeypatch.setattr(platform, "mac_ver", lambda: ("14.2", ("", "", ""), "arm64"))
+    assert ApplePlatform().supported_dtypes == ("float16", "float32", "bfloat16")
     assert ApplePlatform().check_config(Config()) == {}
 
 

@@ -2,7 +2,8 @@
 
 import platform
 
-from plugin_cpu_arm.platform import CpuArmPlatform, probe
+from plugin_cpu_arm.platform import CpuArmPlatform, hwcap_features, probe
+from plugins.host import cpuinfo_features
 
 GRAVITON3 = (
     "processor\t: 0\nBogoMIPS\t: 2100.00\n"
@@ -14,7 +15,7 @@ CORTEX_A72 = "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32 cpuid\n"
 
 
 def test_probe_graviton3_reports_isa():
-    reason, flags = probe("aarch64", GRAVITON3)
+    reason, flags = probe("aarch64", cpuinfo_features(GRAVITON3))
     assert reason is None
     assert flags == {
         "neon": True,
@@ -28,13 +29,23 @@ def test_probe_graviton3_reports_isa():
 
 
 def test_probe_cortex_a72_has_neon_only():
-    reason, flags = probe("aarch64", CORTEX_A72)
+    reason, flags = probe("aarch64", cpuinfo_features(CORTEX_A72))
     assert reason is None and flags["neon"] and not flags["fp16"] and not flags["bf16"]
 
 
 def test_probe_rejects_other_machines_and_missing_neon():
-    assert probe("x86_64", GRAVITON3)[0] == "host CPU is x86_64, not aarch64"
-    assert "no 'asimd'" in probe("aarch64", "Features\t: fp evtstrm\n")[0]
+    assert probe("x86_64", cpuinfo_features(GRAVITON3))[0] == "host CPU is x86_64, not aarch64"
+    assert "no 'asimd'" in probe("aarch64", cpuinfo_features("Features\t: fp evtstrm\n"))[0]
+
+
+def test_hwcaps_named_as_cpuinfo():
+    """Graviton 3's hwcap words (its first 23 /proc/cpuinfo names are AT_HWCAP bits 0-22, in order)."""
+    names = GRAVITON3.split("Features\t: ")[1].split()
+    hwcap = sum(1 << i for i in range(23))
+    assert names[22] == "sve"
+    hwcap2 = 1 << 13 | 1 << 14  # i8mm, bf16 (sve2 off)
+    assert hwcap_features(hwcap, hwcap2) == {"asimd", "asimdhp", "asimddp", "sve", "i8mm", "bf16"}
+    assert probe("aarch64", hwcap_features(hwcap, hwcap2)) == probe("aarch64", cpuinfo_features(GRAVITON3))
 
 
 def test_this_machine_never_raises():
@@ -49,3 +60,14 @@ def test_this_machine_never_raises():
 
 def test_identity():
     assert (CpuArmPlatform.name, CpuArmPlatform.device_type, CpuArmPlatform.priority) == ("cpu_arm", "cpu", 10)
+
+
+def test_kernel_isa_from_flags_or_why_not():
+    """The variant CPU_KERNEL_ISA picks from the probed flags; off aarch64 (no library) the reason."""
+    plat = CpuArmPlatform()
+    isa = plat.device_info()["kernel_isa"]
+    if platform.machine() != "aarch64":
+        assert isa.startswith("unavailable: plugin_cpu_arm's native library _carm.so is missing")
+        return
+    assert isa in ("neon_bf16", "neon_dotprod", "neon", "scalar")
+    assert plat.is_available()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from plugin_cpu_x86.linear import QuantizedWeight
+from plugins.cpu_native.linear import QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
 

@@ -8,8 +8,8 @@ import sys
 
 import plugins
 import pytest
-from plugin_cpu_x86.native import select_isa
-from plugin_cpu_x86.platform import CpuX86Platform
+from plugin_cpu_x86.platform import ISA_TABLE, CpuX86Platform
+from plugins.cpu_native.library import select_isa
 from plugins.host import process_cpus
 from plugins.memory import GiB
 from plugins.reference import engine_config
@@ -64,12 +64,12 @@ def test_env_values():
 
 def test_isa_selection():
     full = ["AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI"]
-    assert select_isa("auto", full) == "avx512vnni"
-    assert select_isa("avx512", full[:-1]) == "avx512"
-    assert select_isa("avx2", full) == "avx2"
-    assert select_isa("auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C
+    assert select_isa(ISA_TABLE, "auto", full) == "avx512vnni"
+    assert select_isa(ISA_TABLE, "avx512", full[:-1]) == "avx512"
+    assert select_isa(ISA_TABLE, "avx2", full) == "avx2"
+    assert select_isa(ISA_TABLE, "auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C
     with pytest.raises(ValueError, match="CPU_KERNEL_ISA='avx512' needs AVX512F"):
-        select_isa("avx512", ["AVX2", "FMA", "F16C"])
+        select_isa(ISA_TABLE, "avx512", ["AVX2", "FMA", "F16C"])
 
 
 def test_kv_cache_budget(monkeypatch):

@@ -1,4 +1,4 @@
-"""The fused native decoder (plugin_cpu_x86.runner) against the eager forward of the same model.
+"""The fused native decoder (plugins.cpu_native.runner, on cpu_x86) against the eager forward of the same model.
 
 Both run the same kernels in the same order, so hidden states and KV caches must be
 identical, not just close: prefill chunks, mixed batches and decode steps, for Llama
@@ -13,8 +13,8 @@ import pytest
 import torch
 import transformers
 from plugin_cpu_x86.platform import CpuX86Platform
-from plugin_cpu_x86.runner import CpuX86Runner, FusedDecoder, NotFusable
 from plugins.attention import AttentionMetadata
+from plugins.cpu_native.runner import FusedDecoder, NativeCpuRunner, NotFusable
 from plugins.runner import ModelInputs
 
 core_loader = pytest.importorskip("core.loader.loader", reason="the fused decoder runs core's models")
@@ -96,7 +96,7 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
 def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
     platform, model = load(model_dir, torch.float32, None, False)
     kv = caches(model, 8)
-    runner = CpuX86Runner(platform)
+    runner = NativeCpuRunner(platform)
     runner.prepare(model, kv, None)
     big, _ = step_inputs([list(range(20))], [0], [[4, 5, 6, 7, 0, 1]])
     assert runner.fused is not None and runner.fused.can_run(big)
@@ -106,7 +106,7 @@ def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):
         assert torch.equal(runner.execute(big), eager)  # on the bound caches
     monkeypatch.setenv("CORE_CPU_FUSED_DECODE", "0")
     platform = CpuX86Platform()
-    runner = CpuX86Runner(platform)
+    runner = NativeCpuRunner(platform)
     runner.prepare(model, kv, None)
     assert runner.fused is None
 
@@ -132,7 +132,7 @@ def test_models_without_a_description_run_eagerly(model_dir, caplog):
             return model(*args)
 
     kv = caches(model, 8)
-    runner = CpuX86Runner(platform)
+    runner = NativeCpuRunner(platform)
     with caplog.at_level("INFO"):
         runner.prepare(Opaque(), kv, None)
     assert runner.fused is None and "Opaque does not describe itself" in caplog.text

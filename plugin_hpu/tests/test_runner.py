@@ -1,11 +1,16 @@
-"""The bucketed runner on CPU tensors: padding gives eager's result, warm-up covers every bucket."""
+"""The bucketed runner on CPU tensors: padding gives eager's result, warm-up covers every bucket,
+and the HPU graphs it captures are those the graph memory holds (a fake Gaudi measures them)."""
+
+import dataclasses
 
 import pytest
 import torch
-from plugin_hpu.platform import HpuPlatform
-from plugin_hpu.runner import HpuRunner, dummy_inputs, pad_block_tables
+from plugin_hpu.platform import HpuMemoryProfiler, HpuPlatform
+from plugin_hpu.runner import HpuRunner, dummy_inputs, hpu_graph_wrapper, pad_block_tables
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
+from plugins.memory import GiB, MiB
+from plugins.reference import engine_config
 from plugins.runner import ModelInputs, Runner
 
 
@@ -115,3 +120,120 @@ def test_dummy_inputs_shapes():
     decode = dummy_inputs((4, 16), False, 16, "cpu")
     assert decode.num_tokens == 4 and decode.attn_metadata.block_tables.shape == (4, 4)
     assert (decode.attn_metadata.slot_mapping == -1).all()
+
+
+class FakeGaudi:
+    """torch.hpu's memory API and HPU graphs as a Gaudi behaves: the first call of a
+    graph at a new input shape captures it and takes 1 MiB per token from free memory;
+    later calls replay it for free."""
+
+    def __init__(self, free: int) -> None:
+        self.free, self.total = free, 8 * GiB
+        self.shapes: set = set()
+        self.replays: list = []
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return self.free, self.total
+
+    def synchronize(self) -> None:
+        pass
+
+    def wrap(self, model):
+        def graphed(input_ids, positions, kv_caches, meta):
+            shape = (tuple(input_ids.shape), tuple(meta.block_tables.shape))
+            if shape not in self.shapes:
+                self.shapes.add(shape)
+                self.free -= input_ids.shape[0] * MiB
+            self.replays.append(shape)
+            return model(input_ids, positions, kv_caches, meta)
+
+        return graphed
+
+
+class GaudiLikePlatform(CpuHpuPlatform):
+    """The HPU platform with its memory API on a FakeGaudi."""
+
+    def __init__(self, device: FakeGaudi) -> None:
+        self.device = device
+
+    def make_memory_profiler(self):
+        return HpuMemoryProfiler(self, device=self.device)
+
+
+GRAPH_CONFIG = engine_config(block_size=16, max_num_seqs=4, max_model_len=64, max_num_batched_tokens=256,
+                             gpu_memory_utilization=0.8)  # fmt: skip
+
+
+def graphed_runner(monkeypatch, **env):
+    """Profile (4000 MiB free), allocate the planned KV cache, then prepare: what the engine does."""
+    for name, value in {"GRAPH_RESERVED_MEM": "0.125", "GRAPH_PROMPT_RATIO": "0.5", **env}.items():
+        monkeypatch.setenv(f"CORE_{name}", value)
+    device = FakeGaudi(4000 * MiB)
+    platform = GaudiLikePlatform(device)
+    plan = platform.memory.plan_kv_cache(GRAPH_CONFIG, block_bytes=MiB)
+    device.free -= plan.num_blocks * MiB  # the KV cache's allocation
+    runner = HpuRunner(platform, graph_wrapper=device.wrap)
+    runner.prepare(TinyModel(), caches(), GRAPH_CONFIG)
+    return runner, device, plan
+
+
+def test_graphs_captured_within_the_reserved_memory(monkeypatch):
+    runner, device, plan = graphed_runner(monkeypatch)
+    # 4000 MiB free: 80% usable = 3200 MiB, of which 12.5% (400 MiB) for graphs, 2800 MiB KV; 800 MiB margin
+    assert plan.num_blocks == 2800 and platform_margin(runner) == 800 * MiB
+    prompt, decode = runner.captured
+    # 400 MiB after warm-up, 200 MiB per phase. Prompt graphs cost 1 MiB per token, in min_tokens order
+    # 16, 32, 32, 48, 64 (= 192 MiB) fit; the next 64-token ones do not. Decode's six (max_bs) cost 14 MiB;
+    # its 186 MiB left over go back to prompt: (2, 32) and (1, 64) fit, 96 tokens and more do not.
+    assert prompt.captured == [(1, 16), (2, 16), (1, 32), (1, 48), (4, 16), (2, 32), (1, 64)]
+    assert prompt.used_bytes == 320 * MiB and not prompt.captured_all
+    assert decode.captured == [(4, 16), (4, 32), (2, 16), (2, 32), (1, 16), (1, 32)] and decode.used_bytes == 14 * MiB
+    assert device.free == (1200 - 334) * MiB  # the margin was never touched
+    assert len(device.shapes) == 13 and len(runner.graphed) == 13
+
+
+def platform_margin(runner) -> int:
+    return runner.platform.memory.plan.margin_bytes
+
+
+def test_graphed_buckets_replay_and_the_rest_run_eagerly(monkeypatch):
+    runner, device, _ = graphed_runner(monkeypatch)
+    eager = Runner(runner.platform)
+    eager.prepare(runner.model, caches(), GRAPH_CONFIG)
+    replays = len(device.replays)
+    decode = decode_batch([17, 3, 40], [[5, 9], [2], [7, 8, 11]])  # bucket (4, 16): graphed
+    torch.testing.assert_close(runner.execute(decode), eager.execute(decode))
+    assert len(device.replays) == replays + 1
+    graphed_prompt = ModelInputs(torch.arange(64) % 60, torch.arange(32).repeat(2), AttentionMetadata.build([32, 32], [32, 32], [[1, 2], [3, 4]], 16))  # fmt: skip
+    torch.testing.assert_close(runner.execute(graphed_prompt), eager.execute(graphed_prompt))
+    assert len(device.replays) == replays + 2
+    skipped = ModelInputs(torch.arange(96) % 60, torch.arange(48).repeat(2), AttentionMetadata.build([48, 48], [48, 48], [[1, 2, 3], [4, 5, 6]], 16))  # fmt: skip
+    torch.testing.assert_close(runner.execute(skipped), eager.execute(skipped))  # (2, 48) did not fit: eager
+    assert len(device.replays) == replays + 2
+    free = device.free
+    runner.execute(decode_batch([5], [[1]]))  # bucket (1, 16), graphed: a replay costs nothing
+    assert device.free == free
+
+
+def test_skip_warmup_graphs_each_bucket_on_first_use(monkeypatch):
+    runner, device, _ = graphed_runner(monkeypatch, SKIP_WARMUP="1")
+    assert runner.captured is None and not device.shapes
+    runner.execute(decode_batch([17, 3, 40], [[5, 9], [2], [7, 8, 11]]))
+    assert len(device.shapes) == 1 and runner.uses_graph((4, 16), False)
+
+
+def test_enforce_eager_captures_nothing(monkeypatch):
+    for name, value in {"GRAPH_RESERVED_MEM": "0.125", "SKIP_WARMUP": "0"}.items():
+        monkeypatch.setenv(f"CORE_{name}", value)
+    device = FakeGaudi(4000 * MiB)
+    runner = HpuRunner(GaudiLikePlatform(device), graph_wrapper=device.wrap)
+    config = dataclasses.replace(GRAPH_CONFIG, enforce_eager=True)
+    runner.prepare(TinyModel(), caches(), config)
+    assert runner.captured is None and not device.shapes and device.free == 4000 * MiB
+    assert runner.platform.memory.plan_kv_cache(config, MiB).num_blocks == 3200  # nothing reserved for graphs
+
+
+def test_device_graph_wrapper():
+    pytest.importorskip("habana_frameworks", reason="needs the Intel Gaudi software stack (habana_frameworks)")
+    graphed = hpu_graph_wrapper(torch.nn.Linear(4, 4))
+    assert isinstance(graphed, torch.nn.Module)

@@ -9,6 +9,7 @@ from plugin_neuron.platform import NeuronPlatform, probe
 from plugin_neuron.runner import NeuronRunner
 from plugins import EnvConfigError
 from plugins.attention import AttentionMetadata
+from plugins.reference import engine_config
 from plugins.runner import ModelInputs
 
 
@@ -26,10 +27,21 @@ def test_unavailable_here_with_reason():
     assert plat.device_info()["count"] >= 0
 
 
-def test_default_buckets():
+def test_default_buckets_follow_nxd_inference():
+    # "powers of two between 128 and the max context length", the maximum always last
     assert default_buckets(2048) == [128, 256, 512, 1024, 2048]
     assert default_buckets(3000) == [128, 256, 512, 1024, 2048, 3000]
-    assert default_buckets(100) == [100]
+    # NxD Inference rounds log2(max): no [128, 256, 512, 513], and 2048 is dropped below 2048 * sqrt(2)
+    assert default_buckets(513) == [128, 256, 513]
+    assert default_buckets(2500) == [128, 256, 512, 1024, 2500] and default_buckets(2897) == [
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        2897,
+    ]
+    assert default_buckets(128) == [128] and default_buckets(100) == [100]
 
 
 def test_check_and_select():
@@ -55,22 +67,16 @@ def test_env_lists_good_and_bad(monkeypatch):
 
 
 def test_check_config():
-    class Config:
-        dtype = "float32"
-        max_model_len = 1024
-
     with pytest.raises(ValueError, match="bfloat16 or float16"):
-        NeuronPlatform().check_config(Config())
-    Config.dtype = "bfloat16"
-    assert NeuronPlatform().check_config(Config()) == {}
+        NeuronPlatform().check_config(engine_config(dtype="float32", max_model_len=1024))
+    # prompts are encoded whole: chunked prefill is turned off
+    assert NeuronPlatform().check_config(engine_config(dtype="bfloat16")) == {"enable_chunked_prefill": False}
+    assert NeuronPlatform().check_config(engine_config(dtype="bfloat16", enable_chunked_prefill=False)) == {}
 
 
 def test_runner_pads_decode_to_compiled_batch():
-    class Config:
-        max_num_seqs = 8
-
     runner = NeuronRunner(NeuronPlatform())
-    runner.prepare(None, [], Config())
+    runner.prepare(None, [], engine_config(max_num_seqs=8, max_model_len=256))
     meta = AttentionMetadata.build([1] * 3, [4] * 3, [[0], [1], [2]], 16)
     assert runner.padded_num_seqs(ModelInputs(torch.zeros(3, dtype=torch.int64), torch.full((3,), 3), meta)) == 8
 

@@ -55,3 +55,13 @@ def test_check_config_float32_only():
 
 def test_identity():
     assert (S390xPlatform.name, S390xPlatform.device_type, S390xPlatform.priority) == ("s390x", "cpu", 10)
+
+
+def test_kernel_isa_from_flags_or_why_not():
+    """The variant CPU_KERNEL_ISA picks from the probed flags; off s390x (no library) the reason."""
+    plat = S390xPlatform()
+    isa = plat.device_info()["kernel_isa"]
+    if platform.machine() != "s390x":
+        assert isa.startswith("unavailable: plugin_s390x's native library _cs390x.so is missing")
+        return
+    assert isa in ("z15", "z14", "scalar")

@@ -1,14 +1,10 @@
-"""TPU detection, env parsing, memory-info parsing and decode padding, without a TPU."""
+"""TPU detection, env parsing and memory-info parsing, without a TPU."""
 
 import importlib.util
 
 import pytest
-import torch
 from plugin_tpu.platform import TpuPlatform, memory_info, probe
-from plugin_tpu.runner import TpuRunner
 from plugins import EnvConfigError
-from plugins.attention import AttentionMetadata
-from plugins.runner import ModelInputs
 
 
 def test_probe_reasons():
@@ -17,7 +13,20 @@ def test_probe_reasons():
     assert probe(True, [], ["/dev/vfio/0"], {"TPU_ACCELERATOR_TYPE": "v5litepod-4"}) is None
     assert probe(True, [], ["/dev/vfio/0"], {"PJRT_DEVICE": "tpu"}) is None
     assert "no TPU_ACCELERATOR_TYPE or PJRT_DEVICE=TPU" in probe(True, [], ["/dev/vfio/0"], {"PJRT_DEVICE": "CPU"})
-    assert probe(True, [], [], {}) == "no TPU found: no /dev/accel* device and no /dev/vfio device"
+    assert probe(True, [], [], {}).startswith("no TPU found: no /dev/accel* device and no /dev/vfio device")
+    assert probe(True, [], [], {}, allow_cpu=True) is None
+    assert probe(False, [], [], {}, allow_cpu=True) == "torch_xla is not installed"
+
+
+def test_cpu_device_only_when_allowed():
+    plat = TpuPlatform()
+    plat.env = plat.read_env({})
+    if importlib.util.find_spec("torch_xla") is not None and plat.device_info()["count"] == 0:
+        assert "CORE_TPU_ALLOW_CPU=1" in plat.unavailable_reason()
+    plat = TpuPlatform()
+    plat.env = plat.read_env({"CORE_TPU_ALLOW_CPU": "1"})
+    if importlib.util.find_spec("torch_xla") is not None:
+        assert plat.is_available() and plat.on_cpu
 
 
 def test_unavailable_here_with_reason():
@@ -39,24 +48,10 @@ def test_env_values():
     plat = TpuPlatform()
     assert plat.read_env({})["XLA_CACHE_PATH"] == "~/.cache/core/xla_cache"
     env = plat.read_env({"VLLM_XLA_CACHE_PATH": "/tmp/xla", "CORE_TPU_BUCKET_PADDING_GAP": "64"})
-    assert env == {"XLA_CACHE_PATH": "/tmp/xla", "TPU_BUCKET_PADDING_GAP": 64}
+    assert env["XLA_CACHE_PATH"] == "/tmp/xla" and env["TPU_BUCKET_PADDING_GAP"] == 64
+    assert env["TPU_ALLOW_CPU"] is False and env["TPU_PALLAS"] is True
     with pytest.raises(EnvConfigError, match="CORE_TPU_BUCKET_PADDING_GAP"):
         plat.read_env({"CORE_TPU_BUCKET_PADDING_GAP": "wide"})
-
-
-def test_runner_pads_decode_to_seq_sizes():
-    class Config:
-        max_num_seqs = 32
-        max_num_batched_tokens = 512
-
-    runner = TpuRunner(TpuPlatform())
-    runner.prepare(None, [], Config())
-    assert runner.seq_sizes == [8, 16, 32] and runner.token_sizes[-1] == 512
-    meta = AttentionMetadata.build([1] * 9, [5] * 9, [[i] for i in range(9)], 16)
-    decode = ModelInputs(torch.zeros(9, dtype=torch.int64), torch.full((9,), 4), meta)
-    assert runner.padded_num_seqs(decode) == 16
-    prefill_meta = AttentionMetadata.build([5], [5], [[0]], 16)
-    assert runner.padded_num_seqs(ModelInputs(torch.zeros(5, dtype=torch.int64), torch.arange(5), prefill_meta)) is None
 
 
 def test_identity():

@@ -13,6 +13,8 @@ from plugins import Platform
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXECUTOR_BACKENDS = ("mp", "ray")
+#: vLLM's other spellings (its s390x guide serves with ``--dtype float``)
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 
 
 @dataclass
@@ -50,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device", default=d.device, help="backend plugin name, or auto (highest-priority available)")
-    parser.add_argument("--dtype", default=d.dtype, choices=DTYPES)
+    parser.add_argument("--dtype", default=d.dtype, choices=(*DTYPES, *DTYPE_ALIASES))
     parser.add_argument("--quantization", "-q", default=None, choices=("int8", "gguf"))
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)

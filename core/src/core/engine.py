@@ -133,7 +133,7 @@ class LLMEngine:
             vocab_size=self.loaded.hf_config.vocab_size,
             eos_token_ids=self.loaded.eos_token_ids,
             max_model_len=self.config.max_model_len,
-            device=self.platform.torch_device(),
+            device=self.platform.runner.io_device(),
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
         )
@@ -232,7 +232,8 @@ class LLMEngine:
         self.executor.shutdown()
 
     def stats(self) -> dict[str, Any]:
-        """Counters for metrics: queue sizes, KV usage, prefix cache hit rate."""
+        """Counters for metrics: queue sizes, KV usage, prefix cache hit rate, and the
+        platform's own gauges under ``"platform"``."""
         bm = self.block_manager
         return {
             "num_running": self.scheduler.num_running,
@@ -243,4 +244,5 @@ class LLMEngine:
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "platform": self.platform.metrics(),
         }

@@ -75,8 +75,9 @@ class ModelRunner:
         meta = AttentionMetadata.build(lens, lens, tables, self.config.block_size, device=self.device)
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        with torch.inference_mode():
-            hidden = self.platform.runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
+        runner = self.platform.runner
+        with runner.grad_mode():
+            hidden = runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
             self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         self.platform.synchronize()
 
@@ -116,20 +117,21 @@ class ModelRunner:
 
     def run(self, batch: StepBatch) -> StepLogits:
         """Run the forward pass of a flattened batch and compute the logits it needs."""
+        runner = self.platform.runner
+        device = runner.io_device()
         meta = AttentionMetadata.build(
-            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=self.device
+            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=device
         )
         inputs = ModelInputs(
-            torch.tensor(batch.input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(batch.positions, dtype=torch.long, device=self.device),
+            torch.tensor(batch.input_ids, dtype=torch.long, device=device),
+            torch.tensor(batch.positions, dtype=torch.long, device=device),
             meta,
         )
-        with torch.inference_mode():
-            hidden = self.platform.runner.execute(inputs)
-            rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
-            sample_logits = self.model.compute_logits(hidden.index_select(0, rows))
+        with runner.grad_mode():
+            hidden = runner.execute(inputs)
+            sample_logits = runner.compute_logits(hidden, batch.sample_rows)
             prompt_logits = {
-                seq_id: (first_pos, self.model.compute_logits(hidden[lo:hi]))
+                seq_id: (first_pos, runner.compute_logits(hidden, list(range(lo, hi))))
                 for seq_id, (first_pos, lo, hi) in batch.prompt_rows.items()
             }
         return StepLogits(sample_logits, batch.sample_seq_ids, prompt_logits)

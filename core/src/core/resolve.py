@@ -17,7 +17,7 @@ from typing import Any
 
 from plugins import EngineConfigView, Platform
 
-from core.config import DTYPES, EXECUTOR_BACKENDS, EngineConfig
+from core.config import DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, EngineConfig
 from core.discovery import discover, select_platform
 from core.loader import ModelSource, open_model
 
@@ -64,8 +64,8 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
 
 def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
     """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
-    if settings.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {settings.dtype!r}")
+    if settings.dtype not in DTYPES and settings.dtype not in DTYPE_ALIASES:
+        raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {settings.dtype!r}")
     if settings.distributed_executor_backend not in EXECUTOR_BACKENDS:
         raise ValueError(
             f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
@@ -97,7 +97,7 @@ def _merge_overrides(view: EngineConfigView, overrides: dict[str, Any], source: 
 
 def _resolve_dtype(dtype: str, platform: Platform) -> str:
     supported = platform.supported_dtypes
-    name = supported[0] if dtype == "auto" else dtype
+    name = supported[0] if dtype == "auto" else DTYPE_ALIASES.get(dtype, dtype)
     if name not in supported:
         raise ValueError(f"dtype {name!r} is not supported on {platform.name}; supported: {', '.join(supported)}")
     return name

@@ -1,4 +1,9 @@
-"""The ARM AArch64 CPU backend: Linux on aarch64 with NEON (Advanced SIMD)."""
+"""The ARM AArch64 CPU backend: Linux on aarch64 with NEON (Advanced SIMD).
+
+Its kernels, their library and the fused runner are native/'s, shared with cpu_x86 and
+s390x (:class:`plugins.cpu_native.platform.NativeCpuPlatform`); binding, the ``CPU_*``
+variables and the KV budget are the CPU family's (:class:`plugins.cpu.CpuPlatform`).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ import platform as _platform
 from typing import Any
 
 import plugins
-from plugins.cpu import CpuPlatform
-from plugins.host import cpuinfo_features, read_text
+from plugins.cpu_native.library import IsaTable
+from plugins.cpu_native.platform import NativeCpuPlatform, native_env_vars
+from plugins.host import hwcaps
 
 logger = logging.getLogger(__name__)
 
-#: ``/proc/cpuinfo`` feature names of the ISA extensions the kernels can use
+#: the ISA extensions the kernels can use, by their ``/proc/cpuinfo`` feature names
 ISA_FLAGS = {
     "neon": "asimd",
     "fp16": "asimdhp",
@@ -23,40 +29,75 @@ ISA_FLAGS = {
     "sve": "sve",
     "sve2": "sve2",
 }
+#: ``AT_HWCAP`` / ``AT_HWCAP2`` bits (Linux arch/arm64/include/uapi/asm/hwcap.h) by the same names
+HWCAP_NAMES = {1 << 1: "asimd", 1 << 10: "asimdhp", 1 << 20: "asimddp", 1 << 22: "sve"}
+HWCAP2_NAMES = {1 << 1: "sve2", 1 << 13: "i8mm", 1 << 14: "bf16"}
+
+#: the library's variants (native/src/features_aarch64.cpp), features named as ISA_FLAGS' keys
+ISA_TABLE = IsaTable(
+    module="plugin_cpu_arm._carm",
+    feature_bits=("neon", "fp16", "dotprod", "bf16", "sve"),
+    requirements={
+        "neon_bf16": ("neon", "dotprod", "fp16", "bf16"),
+        "neon_dotprod": ("neon", "dotprod"),
+        "neon": ("neon",),
+        "scalar": (),
+    },
+    choices={
+        "auto": ("neon_bf16", "neon_dotprod", "neon", "scalar"),
+        "neon_bf16": ("neon_bf16",),
+        "neon_dotprod": ("neon_dotprod",),
+        "neon": ("neon",),
+        "scalar": ("scalar",),
+    },
+)
 
 
-def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, bool]]:
-    """Decide availability from ``platform.machine()`` and ``/proc/cpuinfo`` text.
+def hwcap_features(hwcap: int, hwcap2: int) -> set[str]:
+    """The feature names of :data:`ISA_FLAGS` that the hwcap words report."""
+    words = ((hwcap, HWCAP_NAMES), (hwcap2, HWCAP2_NAMES))
+    return {name for word, names in words for bit, name in names.items() if word & bit}
+
+
+def probe(machine: str, features: set[str]) -> tuple[str | None, dict[str, bool]]:
+    """Decide availability from ``platform.machine()`` and the CPU's feature names (those of
+    ``/proc/cpuinfo``; read from the hwcaps, which qemu-user emulates and cpuinfo it does not).
 
     :return: ``(reason it is unavailable or None, ISA flags)``.
     """
-    features = cpuinfo_features(cpuinfo)
-    flags = {name: feature in features for name, feature in ISA_FLAGS.items()}
     if machine.lower() not in ("aarch64", "arm64"):
-        return f"host CPU is {machine or 'unknown'}, not aarch64", flags
+        return f"host CPU is {machine or 'unknown'}, not aarch64", dict.fromkeys(ISA_FLAGS, False)
+    flags = {name: feature in features for name, feature in ISA_FLAGS.items()}
     if not flags["neon"]:
-        return "aarch64 CPU without NEON (no 'asimd' in /proc/cpuinfo Features)", flags
+        return "aarch64 CPU without NEON (no 'asimd' in the kernel's hwcaps)", flags
     return None, flags
 
 
-class CpuArmPlatform(CpuPlatform):
-    """Runs on the host's ARM cores. The kernels are the SDK's torch reference ones;
-    binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`)."""
+class CpuArmPlatform(NativeCpuPlatform):
+    """Runs on the host's ARM cores: NEON kernels (with dot product, fp16 and bf16 where
+    the CPU has them) or portable C++, chosen from the kernel's hwcaps."""
 
     name = "cpu_arm"
     api_version = 2
     # vLLM's ARM backend runs float32, float16 and bfloat16; bf16/fp16 speed needs the ISA
     supported_dtypes = ("float32", "bfloat16", "float16")
+    isa_table = ISA_TABLE
+    env_vars = native_env_vars(ISA_TABLE)
 
     def _probe(self) -> tuple[str | None, dict[str, bool]]:
-        return probe(_platform.machine(), read_text("/proc/cpuinfo"))
+        return probe(_platform.machine(), hwcap_features(*hwcaps()))
 
-    def unavailable_reason(self) -> str | None:
+    def host_unavailable_reason(self) -> str | None:
         return self._probe()[0]
 
     def device_info(self) -> dict[str, Any]:
         flags = self._probe()[1]
-        return {"name": _platform.processor() or _platform.machine(), "count": os.cpu_count(), "isa": flags}
+        return {
+            "name": _platform.processor() or _platform.machine(),
+            "count": os.cpu_count(),
+            "isa": flags,
+            "kernel_isa": self.kernel_isa([name for name, present in flags.items() if present]),
+        }
 
     def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:
         dtype = config.dtype

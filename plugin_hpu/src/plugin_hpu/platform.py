@@ -13,7 +13,7 @@ from plugins.env import parse_share
 from plugins.memory import DeviceMemoryProfiler
 
 from plugin_hpu.bucketing import DIMENSIONS, STRATEGIES
-from plugin_hpu.graph_memory import plan_memory
+from plugin_hpu.graph_memory import MemoryPlan, plan_memory
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +42,15 @@ class HpuMemoryProfiler(DeviceMemoryProfiler):
     """Gaudi memory through ``torch.hpu``; the KV budget leaves ``GRAPH_RESERVED_MEM`` for graphs."""
 
     torch_module = "hpu"
+    #: the split of the last KV plan; the runner keeps its margin free when capturing graphs
+    plan: MemoryPlan | None = None
 
     def device_budget(
         self, config: plugins.EngineConfigView, peak_activation_bytes: int, utilization: float
     ) -> tuple[int, str]:
         reserved = self.platform.env["GRAPH_RESERVED_MEM"]
-        plan = plan_memory(self.free_memory() - peak_activation_bytes, utilization, reserved, config.enforce_eager)
-        return plan.kv_cache_bytes, plan.describe(utilization, reserved)
+        self.plan = plan_memory(self.free_memory() - peak_activation_bytes, utilization, reserved, config.enforce_eager)
+        return self.plan.kv_cache_bytes, self.plan.describe(utilization, reserved)
 
 
 class HpuPlatform(plugins.Platform):

@@ -1,10 +1,13 @@
 """Bucketed execution for Gaudi: pad each batch to its bucket, warm every bucket up
-before serving, and replay HPU graphs on the device."""
+before serving, then capture HPU graphs for the buckets the graph memory holds
+(:func:`plugin_hpu.graph_memory.capture_graphs`, in each phase's strategy order) and
+replay them; the other buckets run without a graph."""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +16,8 @@ from plugins.attention import AttentionMetadata
 from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner, pad_inputs
 
-from plugin_hpu.bucketing import Bucket, HpuBuckets, blocks_of, warmup_order
+from plugin_hpu.bucketing import Bucket, HpuBuckets, blocks_of, capture_order, warmup_order
+from plugin_hpu.graph_memory import CaptureResult, capture_graphs, describe_split, split_graph_memory
 
 logger = logging.getLogger(__name__)
 
@@ -45,24 +49,65 @@ def dummy_inputs(bucket: Bucket, is_prompt: bool, block_size: int, device: Any) 
     return ModelInputs(zeros, zeros.clone(), meta)
 
 
+def hpu_graph_wrapper(model: Any) -> Any:
+    """The device path: a callable that runs ``model`` through HPU graphs, one per input
+    shape, captured on its first call (habana_frameworks, imported here only).
+
+    ``wrap_in_hpu_graph`` replaces the ``forward`` of the module it is given, so it gets
+    a thin module of its own and ``model`` itself stays eager for ungraphed buckets.
+    """
+    from habana_frameworks.torch.hpu import wrap_in_hpu_graph
+
+    class GraphedForward(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            return self.model(*args)
+
+    return wrap_in_hpu_graph(GraphedForward(), disable_tensor_cache=True)
+
+
+def prompt_shape(inputs: ModelInputs) -> tuple[Bucket, bool] | None:
+    """``((batch size, sequence length), True)`` of a prompt batch that has a bucket's
+    shape (whole prompts of one length), or None: prompts are not padded, so only such a
+    batch can replay a prompt graph."""
+    meta = inputs.attn_metadata
+    length = meta.max_seq_len
+    if meta.is_decode_only or any(q != length for q in meta.query_lens_host + meta.seq_lens_host):
+        return None
+    return (meta.num_seqs, length), True
+
+
 class HpuRunner(Runner):
     """Pads decode batches to (batch size, blocks) buckets; prompts run at their shape.
 
-    ``prepare`` builds the buckets from the engine config and the bucket variables,
-    warms every bucket up (unless ``SKIP_WARMUP``) and, on a Gaudi device without
-    ``enforce_eager``, wraps the model with ``wrap_in_hpu_graph`` so each bucket's
-    graph is captured once and replayed.
+    ``prepare`` builds the buckets from the engine config and the bucket variables and
+    warms every bucket up (unless ``SKIP_WARMUP``). With graphs (a Gaudi device, or a
+    ``graph_wrapper`` given, and no ``enforce_eager``) it then captures the graphs that
+    fit the graph memory: what is free after warm-up above the memory profiler's margin,
+    ``GRAPH_PROMPT_RATIO`` of it for prompts, each phase in its ``GRAPH_*_STRATEGY``
+    order. Only those buckets replay a graph; with ``SKIP_WARMUP`` every bucket is
+    graphed on first use, without a budget, as vLLM does.
+
+    :param graph_wrapper: turns the model into its graph-replaying callable (default:
+        :func:`hpu_graph_wrapper` on an ``hpu`` device, none elsewhere).
     """
 
-    def __init__(self, platform: Any) -> None:
+    def __init__(self, platform: Any, graph_wrapper: Callable[[Any], Any] | None = None) -> None:
         super().__init__(platform)
+        self.graph_wrapper = graph_wrapper
         self.buckets: HpuBuckets | None = None
         self.block_size = 0
         self._graph_model: Any = None
+        #: ``(bucket, is_prompt)`` pairs that replay a graph (see :meth:`uses_graph`)
+        self.graphed: set[tuple[Bucket, bool]] = set()
+        self.graph_every_bucket = False
+        self.captured: tuple[CaptureResult, CaptureResult] | None = None
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         super().prepare(model, kv_caches, config)
-        self._graph_model = None
         env = self.platform.env
         self.block_size = config.block_size
         num_blocks = kv_caches[0][0].shape[0] if kv_caches else None
@@ -76,18 +121,19 @@ class HpuRunner(Runner):
         )
         logger.info("HPU %s", self.buckets.describe())
         device = kv_caches[0][0].device if kv_caches else torch.device("cpu")
-        if device.type == "hpu" and not config.enforce_eager:
-            from habana_frameworks.torch.hpu import wrap_in_hpu_graph
-
-            self._graph_model = wrap_in_hpu_graph(model)
-            logger.info("HPU graphs enabled: one graph per bucket, captured on first use")
+        wrapper = self.graph_wrapper or (hpu_graph_wrapper if device.type == "hpu" else None)
+        self._graph_model = None if config.enforce_eager or wrapper is None else wrapper(model)
+        self.graphed, self.graph_every_bucket, self.captured = set(), False, None
         if env["SKIP_WARMUP"]:
-            logger.warning("SKIP_WARMUP set: the first batch of each bucket will compile a graph")
+            self.graph_every_bucket = self._graph_model is not None
+            logger.warning("SKIP_WARMUP set: the first batch of each bucket compiles (and graphs) it, unbudgeted")
             return
         self.warmup(device)
+        if self._graph_model is not None:
+            self.capture(device, config)
 
     def warmup(self, device: Any) -> int:
-        """Run every bucket once with dummy inputs, largest first; return the count."""
+        """Run every bucket once with dummy inputs, largest first, without graphs; return the count."""
         jobs = [(b, True) for b in warmup_order(self.buckets.prompt)]
         jobs += [(b, False) for b in warmup_order(self.buckets.decode)]
         for index, (bucket, is_prompt) in enumerate(jobs, 1):
@@ -97,6 +143,46 @@ class HpuRunner(Runner):
             self.forward(dummy_inputs(bucket, is_prompt, self.block_size, device))
         self.platform.synchronize()
         return len(jobs)
+
+    def capture(self, device: Any, config: EngineConfigView) -> tuple[CaptureResult, CaptureResult]:
+        """Capture the graphs the graph memory holds (see the class doc); return both phases' results.
+
+        Each capture is measured as the drop of the device's free memory across it.
+        """
+        env, memory = self.platform.env, self.platform.memory
+        plan = memory.plan  # the HpuMemoryProfiler's split of the KV planning
+        free_now = memory.free_memory()
+        # the profiler's margin (free * (1 - utilization)) stays free; without its plan
+        # (the user sized the KV cache), the same share of what is free now
+        margin = plan.margin_bytes if plan is not None else int(free_now * (1 - config.gpu_memory_utilization))
+        ratio = env["GRAPH_PROMPT_RATIO"]
+        total, prompt_bytes, decode_bytes = split_graph_memory(free_now, margin, ratio)
+        logger.info("%s", describe_split(total, free_now, prompt_bytes, decode_bytes, ratio))
+
+        def capture_one(bucket: Bucket, is_prompt: bool) -> int:
+            before = memory.free_memory()
+            self.graphed.add((bucket, is_prompt))
+            self.forward(dummy_inputs(bucket, is_prompt, self.block_size, device), (bucket, is_prompt))
+            self.platform.synchronize()
+            return max(0, before - memory.free_memory())
+
+        self.captured = capture_graphs(
+            capture_order(self.buckets.prompt, env["GRAPH_PROMPT_STRATEGY"]),
+            capture_order(self.buckets.decode, env["GRAPH_DECODE_STRATEGY"]),
+            total,
+            ratio,
+            capture_one,
+        )
+        prompt, decode = self.captured
+        logger.info("%s", prompt.describe("Prompt", len(self.buckets.prompt)))
+        logger.info("%s", decode.describe("Decode", len(self.buckets.decode)))
+        return self.captured
+
+    def uses_graph(self, bucket: Bucket | None, is_prompt: bool) -> bool:
+        """Whether a batch of ``bucket`` replays a graph (never for a batch over every bucket)."""
+        if self._graph_model is None or bucket is None:
+            return False
+        return self.graph_every_bucket or (bucket, is_prompt) in self.graphed
 
     def decode_bucket(self, inputs: ModelInputs) -> Bucket | None:
         """The decode bucket of a decode-only batch, or None (prompt, or over every bucket)."""
@@ -112,15 +198,18 @@ class HpuRunner(Runner):
     def execute(self, inputs: ModelInputs) -> torch.Tensor:
         """Pad a decode batch to its bucket: sequences to the bucket's batch size, the
         block table to ``blocks / batch size`` columns (wider when one sequence alone
-        needs more); prompts and batches over every bucket run at their own shape."""
+        needs more); prompts and batches over every bucket run at their own shape. A
+        batch whose (padded) shape is a graphed bucket replays its graph."""
         if self.model is None:
             raise RuntimeError("HpuRunner.execute() called before prepare()")
         num_tokens = inputs.num_tokens
         bucket = self.decode_bucket(inputs)
         if bucket is not None:
             inputs = pad_block_tables(pad_inputs(inputs, bucket[0]), math.ceil(bucket[1] / bucket[0]))
-        return self.forward(inputs)[:num_tokens]
+            return self.forward(inputs, (bucket, False))[:num_tokens]
+        return self.forward(inputs, prompt_shape(inputs))[:num_tokens]
 
-    def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        runnable = self._graph_model if self._graph_model is not None else self.model
+    def forward(self, inputs: ModelInputs, key: tuple[Bucket, bool] | None = None) -> torch.Tensor:
+        """Run ``inputs``: through the graph when ``key`` (bucket, is_prompt) is graphed, else eagerly."""
+        runnable = self._graph_model if key is not None and self.uses_graph(*key) else self.model
         return runnable(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)

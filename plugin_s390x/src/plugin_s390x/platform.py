@@ -1,4 +1,9 @@
-"""The IBM Z backend: Linux on s390x with the vector facility and its z14 enhancements."""
+"""The IBM Z backend: Linux on s390x with the vector facility and its z14 enhancements.
+
+Its kernels, their library and the fused runner are native/'s, shared with cpu_x86 and
+cpu_arm (:class:`plugins.cpu_native.platform.NativeCpuPlatform`); binding, the ``CPU_*``
+variables and the KV budget are the CPU family's (:class:`plugins.cpu.CpuPlatform`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import re
 from typing import Any
 
 import plugins
-from plugins.cpu import CpuPlatform
+from plugins.cpu_native.library import IsaTable
+from plugins.cpu_native.platform import NativeCpuPlatform, native_env_vars
 from plugins.host import cpuinfo_features, read_text
 
 #: machine type numbers of ``/proc/cpuinfo`` and the IBM Z generation they belong to
@@ -18,6 +24,13 @@ MACHINE_GENERATIONS = {
 }  # fmt: skip
 #: ``/proc/cpuinfo`` features: vector facility (z13), enhancements 1 (z14) and 2 (z15)
 ISA_FLAGS = {"vx": "vx", "vxe": "vxe", "vxe2": "vxe2", "nnpa": "nnpa"}
+#: the library's variants (native/src/features_s390x.cpp), features named as ISA_FLAGS' keys
+ISA_TABLE = IsaTable(
+    module="plugin_s390x._cs390x",
+    feature_bits=("vx", "vxe", "vxe2"),
+    requirements={"z15": ("vx", "vxe", "vxe2"), "z14": ("vx", "vxe"), "scalar": ()},
+    choices={"auto": ("z15", "z14", "scalar"), "z15": ("z15",), "z14": ("z14",), "scalar": ("scalar",)},
+)
 
 
 def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, Any]]:
@@ -44,23 +57,27 @@ def probe(machine: str, cpuinfo: str) -> tuple[str | None, dict[str, Any]]:
     return None, info
 
 
-class S390xPlatform(CpuPlatform):
-    """Runs on the host's IBM Z cores. The kernels are the SDK's torch reference ones;
-    binding, ``CPU_*`` variables and KV budget are the CPU family's (:mod:`plugins.cpu`).
+class S390xPlatform(NativeCpuPlatform):
+    """Runs on the host's IBM Z cores: z vector kernels (z14; z15 adds int <-> float
+    conversions) or portable C++, chosen from the kernel's hwcaps.
 
     s390x is big-endian while safetensors and GGUF files are little-endian:
-    :meth:`device_info` reports the host byte order; no loader hook converts weights yet.
+    :attr:`byte_order` makes core's loader convert GGUF weights (safetensors' reader
+    converts on its own).
     """
 
     name = "s390x"
     api_version = 2
     # vLLM's s390x backend runs float32 only
     supported_dtypes = ("float32",)
+    byte_order = "big"
+    isa_table = ISA_TABLE
+    env_vars = native_env_vars(ISA_TABLE)
 
     def _probe(self) -> tuple[str | None, dict[str, Any]]:
         return probe(_platform.machine(), read_text("/proc/cpuinfo"))
 
-    def unavailable_reason(self) -> str | None:
+    def host_unavailable_reason(self) -> str | None:
         return self._probe()[0]
 
     def device_info(self) -> dict[str, Any]:
@@ -69,7 +86,8 @@ class S390xPlatform(CpuPlatform):
             "name": info.pop("machine") or _platform.machine(),
             "count": os.cpu_count(),
             "isa": info,
-            "byte_order": "big",
+            "kernel_isa": self.kernel_isa([name for name, present in info.items() if present]),
+            "byte_order": self.byte_order,
         }
 
     def check_config(self, config: plugins.EngineConfigView) -> dict[str, Any]:

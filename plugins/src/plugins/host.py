@@ -47,6 +47,18 @@ def cpuinfo_features(cpuinfo: str) -> set[str]:
     return set()
 
 
+def hwcaps() -> tuple[int, int]:
+    """The kernel's ``AT_HWCAP`` and ``AT_HWCAP2`` words for this process (``getauxval``).
+
+    Under qemu-user they describe the emulated CPU, where ``/proc/cpuinfo`` is the host's.
+    """
+    import ctypes
+
+    getauxval = ctypes.CDLL(None).getauxval
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return getauxval(16), getauxval(26)
+
+
 def numa_nodes(root: str = SYS_CPU) -> list[list[int]]:
     """The CPU list of each NUMA node, in node order (empty when sysfs has none)."""
     nodes = []

@@ -45,6 +45,10 @@ class Platform:
     env_vars: ClassVar[tuple[EnvVar, ...]] = ()
     #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
     distributed_backend: ClassVar[str] = "gloo"
+    #: the byte order of numbers in the platform's tensors: ``"little"``, or ``"big"`` for a
+    #: big-endian host (s390x). The loader converts the little-endian bytes it reads from
+    #: GGUF files to it (:func:`plugins.byteorder.to_host_order`)
+    byte_order: ClassVar[str] = "little"
 
     def unavailable_reason(self) -> str | None:
         """Why this machine cannot run the platform, in a few words, or None when it can.
@@ -157,6 +161,12 @@ class Platform:
 
     def synchronize(self) -> None:
         """(optional) override: wait for queued device work (used by timing and profiling)."""
+
+    def metrics(self) -> dict[str, float]:
+        """(optional) override: the platform's own gauges ``{name: value}`` (e.g. graphs
+        compiled so far); the server's ``/metrics`` shows each as ``core:platform_<name>``.
+        Called after every engine step: must be cheap."""
+        return {}
 
     def get_extension(self, name: str) -> Any | None:
         """(optional) override: a device-specific extra by name, or None if not provided.

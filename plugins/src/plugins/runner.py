@@ -10,6 +10,7 @@ memory profiler's pass. Graph-capturing or shape-bucketing platforms subclass it
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -96,6 +97,26 @@ class Runner:
         """
         self.model = model
         self.kv_caches = kv_caches
+
+    def io_device(self) -> torch.device:
+        """Where core builds :class:`ModelInputs` and receives logits (so sampling runs there).
+
+        The platform's device by default; a runner that pads its inputs on the host and
+        hands logits back to it (XLA) returns the CPU.
+        """
+        return self.platform.torch_device()
+
+    def grad_mode(self) -> contextlib.AbstractContextManager:
+        """The autograd mode core runs :meth:`profile`, :meth:`execute` and
+        :meth:`compute_logits` in: ``torch.inference_mode()`` by default. A runner whose
+        tensors cannot be inference tensors (XLA's lazy tensors) returns ``torch.no_grad()``."""
+        return torch.inference_mode()
+
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(rows), vocab]`` of the bound model for rows ``rows`` of
+        :meth:`execute`'s result, on :meth:`io_device`. Override to run them at padded shapes."""
+        index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+        return self.model.compute_logits(hidden.index_select(0, index))
 
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
         """(optional) override: the batch size to pad a batch to, or None to run as is."""

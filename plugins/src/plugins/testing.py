@@ -173,11 +173,15 @@ class PlatformConformance:
         projection produces them (token stride ``sum(H) * D``, not contiguous)."""
         if not fused:
             return tuple(self._rand((num_tokens, h, head_size), dtype_name, device, gen) for h in heads)
-        fused_out = self._rand((num_tokens, sum(heads) * head_size), dtype_name, device, gen)
-        parts = fused_out.split([h * head_size for h in heads], dim=-1)
-        views = tuple(part.view(num_tokens, h, head_size) for part, h in zip(parts, heads, strict=True))
-        assert not any(v.is_contiguous() for v in views), "fused head views must not be contiguous"
-        return views
+
+        def head_views(fused_out: Any) -> tuple[Any, ...]:
+            parts = fused_out.split([h * head_size for h in heads], dim=-1)
+            return tuple(part.view(num_tokens, h, head_size) for part, h in zip(parts, heads, strict=True))
+
+        # the layout is checked on the host: a device without strides (XLA) calls every tensor contiguous
+        fused_out = self._rand((num_tokens, sum(heads) * head_size), dtype_name, "cpu", gen)
+        assert not any(v.is_contiguous() for v in head_views(fused_out)), "fused head views must not be contiguous"
+        return head_views(fused_out.to(device))
 
     @pytest.fixture
     def gen(self) -> Any:
@@ -451,7 +455,7 @@ class PlatformConformance:
 
 
 class _TinyAttentionModel:
-    """Embedding -> write K/V -> paged attention -> projection: enough to test a runner."""
+    """Embedding -> write K/V -> paged attention -> projection (-> logits): enough to test a runner."""
 
     def __init__(self, kernels: Any, dtype_name: str, device: Any, gen: Any) -> None:
         import torch
@@ -462,6 +466,9 @@ class _TinyAttentionModel:
         self.proj = kernels.prepare_linear(
             (torch.randn(16, 2 * 32, generator=gen) * 0.2).to(device=device, dtype=dtype), None
         )
+        self.head = kernels.prepare_linear(
+            (torch.randn(100, 16, generator=gen) * 0.2).to(device=device, dtype=dtype), None
+        )
 
     def __call__(self, input_ids, positions, kv_caches, meta):
         qkv = self.embed[input_ids].view(-1, 3, 2, 32)
@@ -470,3 +477,7 @@ class _TinyAttentionModel:
         self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.kernels.paged_attention(q, k_cache, v_cache, meta, 32**-0.5)
         return self.kernels.linear(out.flatten(1), self.proj)
+
+    def compute_logits(self, hidden):
+        """float32 logits over a vocabulary of 100 (what a runner's ``compute_logits`` calls)."""
+        return self.kernels.linear(hidden, self.head).float()

@@ -54,6 +54,7 @@ class Worker:
             device=platform.torch_device(),
             quantization=config.quantization,
             skip_tokenizer_init=not load_tokenizer,
+            byte_order=platform.byte_order,
             comm=self.comm,
         )
         self.runner = ModelRunner(platform, self.loaded, config)

@@ -18,6 +18,7 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+from plugins.byteorder import to_host_order
 
 from core.loader.cache import cache_root, file_key
 
@@ -109,20 +110,28 @@ class GGUFIndex:
         except OSError as err:  # a read-only cache only costs speed
             logger.warning("could not cache the GGUF index at %s: %s", target, err)
 
-    def raw(self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None)) -> torch.Tensor:
-        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device).
+    def raw(
+        self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None), byte_order: str = "little"
+    ) -> torch.Tensor:
+        """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device),
+        with its numbers in ``byte_order`` (the platform's, :attr:`plugins.Platform.byte_order`;
+        the file's are little-endian).
 
-        ``rows`` and ``byte_cols`` select a window; only that window is read from the file.
+        ``rows`` and ``byte_cols`` select a window (whole blocks or elements); only that
+        window is read from the file.
         """
         info = self.tensors[name]
         num_rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         stored = self._data[info.offset : info.offset + info.num_bytes].reshape(num_rows, -1)
-        return torch.from_numpy(np.array(stored[rows, byte_cols]))
+        return to_host_order(torch.from_numpy(np.array(stored[rows, byte_cols])), info.qtype, byte_order)
 
-    def dequantized(self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None)) -> torch.Tensor:
-        """The tensor (or the :meth:`raw` window of it) as float32, shaped ``[rows, cols]`` (1-D tensors stay 1-D)."""
+    def dequantized(
+        self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None), byte_order: str = "little"
+    ) -> torch.Tensor:
+        """The tensor (or the :meth:`raw` window of it) as float32, shaped ``[rows, cols]``
+        (1-D tensors stay 1-D), read on a host of ``byte_order``."""
         info = self.tensors[name]
-        raw = self.raw(name, rows, byte_cols)
+        raw = self.raw(name, rows, byte_cols, byte_order)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
         else:

@@ -114,8 +114,10 @@ def gguf_weights(
     dtype: torch.dtype,
     device: torch.device,
     plan: ShardPlan | None = None,
+    byte_order: str = "little",
 ) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
-    """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``.
+    """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``,
+    their numbers in the platform's ``byte_order`` (:attr:`plugins.Platform.byte_order`).
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
     With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
@@ -126,12 +128,12 @@ def gguf_weights(
         hf_name = _hf_name(name)
         if hf_name is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
-        quantized = keep_gguf and _keep_quantized(index, name)
-        yield hf_name, _read(index, name, hf_name, quantized, dtype, device, plan, heads if unpermute else {})
+        keep = keep_gguf and _keep_quantized(index, name)
+        yield hf_name, _read(index, name, hf_name, keep, dtype, device, plan, heads if unpermute else {}, byte_order)
         info = index.tensors[name]
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
-            yield "lm_head.weight", _read(index, name, "lm_head.weight", True, dtype, device, plan, {})
+            yield "lm_head.weight", _read(index, name, "lm_head.weight", True, dtype, device, plan, {}, byte_order)
 
 
 def _read(
@@ -143,8 +145,10 @@ def _read(
     device: torch.device,
     plan: ShardPlan | None,
     heads: dict[str, int],
+    byte_order: str,
 ) -> torch.Tensor | GGUFWeight:
-    """One tensor (this rank's slice of it), in its stored form or dense, llama q/k rows unpermuted."""
+    """One tensor (this rank's slice of it), in its stored form or dense, llama q/k rows unpermuted,
+    its numbers in ``byte_order``."""
     info = index.tensors[name]
     part = plan.slice_for(hf_name) if plan is not None else None
     rows, byte_cols, num_cols = slice(None), slice(None), info.shape[-1]
@@ -160,10 +164,10 @@ def _read(
         num_rows = len(range(info.shape[0])[rows])
         order = _unpermute_rows(num_rows, heads[kind] * num_rows // info.shape[0])
     if quantized:
-        data = index.raw(name, rows, byte_cols)
+        data = index.raw(name, rows, byte_cols, byte_order)
         data = data[order] if order is not None else data
         return GGUFWeight(info.qtype, data.to(device), rows=data.shape[0], cols=num_cols)
-    values = index.dequantized(name, rows, byte_cols)
+    values = index.dequantized(name, rows, byte_cols, byte_order)
     values = values[order] if order is not None else values
     if part is not None and part.zero:
         values = torch.zeros_like(values)

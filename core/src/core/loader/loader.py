@@ -79,6 +79,7 @@ def load_model(
     quantization: str | None = None,
     skip_tokenizer_init: bool = False,
     comm: Any | None = None,
+    byte_order: str = "little",
 ) -> LoadedModel:
     """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
 
@@ -86,6 +87,8 @@ def load_model(
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
     :param comm: a tensor-parallel rank's communicator: load only this rank's shard.
+    :param byte_order: the platform's (:attr:`plugins.Platform.byte_order`): GGUF tensors are
+        converted to it; safetensors' reader converts to the host's order itself.
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
         :class:`plugins.UnsupportedFeature` when the kernels cannot take ``quantization``.
     """
@@ -93,7 +96,7 @@ def load_model(
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = torch.device(device)
     if source.gguf is not None:
-        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
+        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm, byte_order)
     else:
         loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     loaded.load_seconds = time.perf_counter() - start
@@ -134,6 +137,7 @@ def _load_gguf(
     quantization: str | None,
     skip_tokenizer: bool,
     comm: Any | None,
+    byte_order: str,
 ) -> LoadedModel:
     path, config, index = source.path, source.hf_config, source.gguf
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
@@ -141,7 +145,7 @@ def _load_gguf(
         logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
     model = build_model(config, kernels, dtype, device, comm)
-    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan)
+    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan, byte_order)
     with torch.no_grad():
         model.load_weights(weights, "gguf" if keep_gguf else quantization)
     generation = {

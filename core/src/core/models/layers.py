@@ -43,14 +43,18 @@ def concat_rows(parts: list[Any]) -> Any:
 def held_bytes(obj: Any, seen: set[int]) -> int:
     """Bytes of the tensors reachable from ``obj`` (a tensor, a prepared weight, a container).
 
-    ``seen`` holds the storage pointers already counted, so shared (tied) weights count once.
+    ``seen`` holds the storage pointers (or, without storage, tensor ids) already counted, so
+    shared (tied) weights count once.
     """
     if isinstance(obj, torch.Tensor):
-        ptr = obj.untyped_storage().data_ptr()
-        if ptr in seen:
+        try:
+            key, size = obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()
+        except RuntimeError:  # no addressable storage (lazy tensors): the tensor object itself
+            key, size = id(obj), obj.nelement() * obj.element_size()
+        if key in seen:
             return 0
-        seen.add(ptr)
-        return obj.untyped_storage().nbytes()
+        seen.add(key)
+        return size
     if isinstance(obj, dict):
         return sum(held_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):

@@ -76,6 +76,8 @@ class _EngineStatsCollector:
             ("core:num_preemptions", "Sequences preempted for lack of KV cache.", s["num_preemptions"]),
         ):
             yield name, doc, CounterMetricFamily, value
+        for name, value in s.get("platform", {}).items():
+            yield f"core:platform_{name}", "Reported by the device platform.", GaugeMetricFamily, value
 
 
 def _ratio(stats: dict[str, Any]) -> float:

@@ -3,9 +3,9 @@
 By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
 multiplies them into the float32 activations, so the result is the float32 product with
-the dequantized weights (csrc/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
+the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
 repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
-activations to int8 per block of 32, as llama.cpp does (csrc/quant.cpp: faster, not exact).
+activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact).
 Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
 ``gguf.quants.dequantize``.
 """
@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
-
-from plugin_cpu_x86.native import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
 
 #: GGUF types kept in their blocks, with their native format code
 NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
@@ -43,7 +42,7 @@ def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
 
 
 def interleave_x8(rows: torch.Tensor, code: int) -> torch.Tensor:
-    """Repack ``[n, nb * block]`` bytes of format ``code`` into csrc/quant.cpp's x8 layout.
+    """Repack ``[n, nb * block]`` bytes of format ``code`` into native/src/quant.cpp's x8 layout.
 
     Rows go in groups of 8 (the last padded with zero rows); in each group and block of 32
     columns, first the 8 rows' scales side by side (all d, then all m), then the values 4
@@ -170,7 +169,7 @@ class QuantLinearMixin:
         if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
             return weight
         raise UnsupportedFeature(
-            f"quantization {quantization!r} is not supported by cpu_x86; supported: None, int8, gguf"
+            f"quantization {quantization!r} is not supported by the native CPU kernels; supported: None, int8, gguf"
         )
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:

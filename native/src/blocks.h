@@ -6,26 +6,26 @@
 
 #include "common.h"
 
-// weight formats, shared with Python (plugin_cpu_x86/native.py)
-// CX86_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
-enum { CX86_Q8_0 = 0, CX86_Q4_0 = 1, CX86_Q4_1 = 2, CX86_INT8 = 3, CX86_F32W = 4 };
-// the same formats repacked (x8 code = row code + CX86_X8)
-enum { CX86_X8 = 8, CX86_Q8_0X8 = 8, CX86_Q4_0X8 = 9, CX86_Q4_1X8 = 10, CX86_INT8X8 = 11 };
+// weight formats, shared with Python (plugins/src/plugins/cpu_native/library.py)
+// CK_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
+enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4 };
+// the same formats repacked (x8 code = row code + CK_X8)
+enum { CK_X8 = 8, CK_Q8_0X8 = 8, CK_Q4_0X8 = 9, CK_Q4_1X8 = 10, CK_INT8X8 = 11 };
 
-namespace CX86_NS {
+namespace CK_NS {
 
 static const int kBlock = 32;
 
-static inline bool is_x8(int qt) { return qt >= CX86_X8; }
+static inline bool is_x8(int qt) { return qt >= CK_X8; }
 
 // bytes of one row's block of 32 (the same in the x8 layout: 8 rows' blocks side by side)
 static inline long block_bytes(int qt) {
-  qt = is_x8(qt) ? qt - CX86_X8 : qt;
-  return qt == CX86_Q8_0 ? 34 : qt == CX86_Q4_0 ? 18 : qt == CX86_Q4_1 ? 20 : qt == CX86_F32W ? 128 : 32;
+  qt = is_x8(qt) ? qt - CK_X8 : qt;
+  return qt == CK_Q8_0 ? 34 : qt == CK_Q4_0 ? 18 : qt == CK_Q4_1 ? 20 : qt == CK_F32W ? 128 : 32;
 }
 static inline long row_bytes(int qt, long k) { return k / kBlock * block_bytes(qt); }
 static inline float load_any(const void *p, int dt, long i) {
-  return dt == CX86_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
+  return dt == CK_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
 }
 
 // scale[r] and bias[r] of output rows j0 .. j0 + nr - 1 (1 and 0 where there are none)
@@ -45,4 +45,4 @@ static inline long row_chunk(long n, int nthreads) {
   return c < 16 ? 16 : c;
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS

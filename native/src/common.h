@@ -1,36 +1,40 @@
 // Shared helpers of the per-ISA kernel translation units.
 //
-// Every kernel source is compiled once per ISA (scalar, avx2, avx512, avx512vnni)
-// with that ISA's -m flags and CX86_ISA set to its name. Everything here lives in a
-// per-ISA namespace so no inline function compiled with AVX-512 flags can be picked
-// by the linker for the AVX2 or scalar build (an ODR trap that would raise SIGILL).
-// For the same reason the kernel sources use no STL templates.
+// Every kernel source is compiled once per ISA variant of the target (x86-64: scalar,
+// avx2, avx512, avx512vnni; aarch64: scalar, neon, neon_bf16; s390x: scalar, z14, z15)
+// with that variant's -m flags and CK_ISA set to its name. Everything here lives in a
+// per-ISA namespace so no inline function compiled with, say, AVX-512 flags can be
+// picked by the linker for the AVX2 or scalar build (an ODR trap that would raise
+// SIGILL). For the same reason the kernel sources use no STL templates.
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX2__) || defined(__F16C__)
+#if defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__ARM_FEATURE_BF16_SCALAR_ARITHMETIC)
+#include <arm_bf16.h>
 #endif
 
 #include "pool.h"
 
-#ifndef CX86_ISA
-#error "CX86_ISA must name the ISA this translation unit is built for"
+#ifndef CK_ISA
+#error "CK_ISA must name the ISA this translation unit is built for"
 #endif
 
-#define CX86_CAT2(a, b, c) a##b##c
-#define CX86_CAT(a, b, c) CX86_CAT2(a, b, c)
-// exported entry point of this ISA: cx86_<isa>_<name>
-#define CX86_FN(name) CX86_CAT(cx86_, CX86_ISA, _##name)
-#define CX86_NS CX86_CAT(cx86_, CX86_ISA, _impl)
+#define CK_CAT2(a, b, c) a##b##c
+#define CK_CAT(a, b, c) CK_CAT2(a, b, c)
+// exported entry point of this ISA: ck_<isa>_<name>
+#define CK_FN(name) CK_CAT(ck_, CK_ISA, _##name)
+#define CK_NS CK_CAT(ck_, CK_ISA, _impl)
 
-// dtype codes shared with Python (plugin_cpu_x86/native.py)
-enum { CX86_F32 = 0, CX86_BF16 = 1 };
+// dtype codes shared with Python (plugins/src/plugins/cpu_native/library.py)
+enum { CK_F32 = 0, CK_BF16 = 1 };
 
-namespace CX86_NS {
+namespace CK_NS {
 
 typedef uint16_t bf16_t;
 
@@ -42,15 +46,23 @@ static inline float to_f32(bf16_t x) { return bits_to_float((uint32_t)x << 16); 
 
 // round-to-nearest-even like torch; NaN stays a (quiet) NaN
 static inline void from_f32(float x, float *out) { *out = x; }
+#if defined(__ARM_FEATURE_BF16_SCALAR_ARITHMETIC)
+static inline void from_f32(float x, bf16_t *out) {  // one BFCVT (FEAT_BF16)
+  *out = __builtin_bit_cast(bf16_t, vcvth_bf16_f32(x));
+}
+#else
 static inline void from_f32(float x, bf16_t *out) {
   uint32_t u = float_to_bits(x);
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   *out = (bf16_t)((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r);
 }
+#endif
 
 static inline float half_to_f32(uint16_t h) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);
+#elif defined(__aarch64__)
+  return (float)__builtin_bit_cast(__fp16, h);  // one FCVT: base ARMv8
 #else
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
@@ -68,28 +80,6 @@ static inline float read_half(const uint8_t *p) {
   memcpy(&h, p, 2);
   return half_to_f32(h);
 }
-
-#if defined(__AVX2__)
-// sum of the 8 lanes
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// the lane sums of 8 vectors, as one vector [sum(a), sum(b), ..., sum(h)]: 9 instructions
-// where 8 hsum8 take 48
-static inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, __m256 f,
-                             __m256 g, __m256 h) {
-  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-  const __m256 ef = _mm256_hadd_ps(e, f), gh = _mm256_hadd_ps(g, h);
-  // abcd = [sum a0-3, b0-3, c0-3, d0-3 | sum a4-7, b4-7, c4-7, d4-7]
-  const __m256 abcd = _mm256_hadd_ps(ab, cd), efgh = _mm256_hadd_ps(ef, gh);
-  return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20),
-                       _mm256_permute2f128_ps(abcd, efgh, 0x31));
-}
-#endif
 
 static inline float fmin_(float a, float b) { return a < b ? a : b; }
 static inline float fmax_(float a, float b) { return a > b ? a : b; }
@@ -129,7 +119,7 @@ static void parallel_for(long n, long chunk, int nthreads, bool parallel, F &&bo
     body(0L, n);
     return;
   }
-  cx86_parallel(
+  ck_parallel(
       [](void *p, long i) {
         const Job *j = (const Job *)p;
         const long lo = i * j->chunk, hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
@@ -138,4 +128,4 @@ static void parallel_for(long n, long chunk, int nthreads, bool parallel, F &&bo
       &job, chunks, nthreads);
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS

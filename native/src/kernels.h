@@ -6,26 +6,26 @@
 #include "common.h"
 
 extern "C" {
-void CX86_FN(rms_norm)(int dtype, int w_dtype, void *out, void *res_out, const void *x,
+void CK_FN(rms_norm)(int dtype, int w_dtype, void *out, void *res_out, const void *x,
                        long x_stride, const void *res, long res_stride, const void *w,
                        long rows, long n, float eps, int nthreads);
-void CX86_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long row_stride,
+void CK_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long row_stride,
                      long heads, long d, const int64_t *pos, const void *cache, long rows,
                      int nthreads);
-void CX86_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
+void CK_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
                            long inter, int nthreads);
-long CX86_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
+long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
                              long v_stride_bytes, void *k_cache, void *v_cache,
                              const int64_t *slots, long tokens, long row_bytes, long num_slots);
-void CX86_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
+void CK_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
                               const void *k_cache, const void *v_cache, const int32_t *starts,
                               const int32_t *seq_lens, const int32_t *tables, long table_stride,
                               long tokens, long num_seqs, long hq, long hk, long d,
                               long block_size, float scale, int nthreads);
-int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
+int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads);
-int CX86_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
+int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads);
 }

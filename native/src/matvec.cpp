@@ -8,52 +8,44 @@
 #include <stdlib.h>
 
 #include "blocks.h"
+#include "simd.h"
 
-namespace CX86_NS {
+namespace CK_NS {
 
 static const int kRows = 8;    // activation rows sharing one decode of a weight block
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
-#if defined(__AVX2__)
+#if defined(CK_V8)
 // the dequantized block as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
 template <int QT>
-static inline void decode_block(const uint8_t *p, __m256 w[4]) {
-  if (QT == CX86_F32W) {
-    for (int j = 0; j < 4; ++j) w[j] = _mm256_loadu_ps((const float *)p + 8 * j);
+static inline void decode_block(const uint8_t *p, v8 w[4]) {
+  if (QT == CK_F32W) {
+    for (int j = 0; j < 4; ++j) w[j] = v8_load((const float *)p + 8 * j);
     return;
   }
-  if (QT == CX86_Q8_0 || QT == CX86_INT8) {
-    const __m256 d = _mm256_set1_ps(QT == CX86_INT8 ? 1.0f : read_half(p));
-    const uint8_t *q = p + (QT == CX86_INT8 ? 0 : 2);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j)));
-      w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(v));
-    }
+  if (QT == CK_Q8_0 || QT == CK_INT8) {
+    const v8 d = v8_set1(QT == CK_INT8 ? 1.0f : read_half(p));
+    const uint8_t *q = p + (QT == CK_INT8 ? 0 : 2);
+    for (int j = 0; j < 4; ++j) w[j] = v8_mul(d, v8_from_i8(q + 8 * j));
     return;
   }
-  __m256 d, m;
-  if (QT == CX86_Q4_1) {  // both halves in one conversion: (d, m) pairs, then split
-    int32_t dm;
-    memcpy(&dm, p, 4);
-    const __m256 pairs = _mm256_cvtph_ps(_mm_set1_epi32(dm));
-    d = _mm256_permute_ps(pairs, 0x00);
-    m = _mm256_permute_ps(pairs, 0x55);
+  v8 d, m;
+  if (QT == CK_Q4_1) {
+    v8_half_pair(p, &d, &m);
   } else {
-    d = _mm256_set1_ps(read_half(p));
-    m = _mm256_setzero_ps();
+    d = v8_set1(read_half(p));
+    m = v8_zero();
   }
-  const uint8_t *q = p + (QT == CX86_Q4_1 ? 4 : 2);
-  const __m256i mask = _mm256_set1_epi32(0x0f), off = _mm256_set1_epi32(QT == CX86_Q4_0 ? 8 : 0);
+  const uint8_t *q = p + (QT == CK_Q4_1 ? 4 : 2);
   for (int h = 0; h < 2; ++h) {  // byte i: element i in the low nibble, i + 16 in the high one
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * h)));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), off));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), off));
-    if (QT == CX86_Q4_0) {  // d * (q - 8), as the reference
-      w[h] = _mm256_mul_ps(d, lo);
-      w[h + 2] = _mm256_mul_ps(d, hi);
+    v8 lo, hi;
+    v8_nibbles(q + 8 * h, QT == CK_Q4_0 ? 8 : 0, &lo, &hi);
+    if (QT == CK_Q4_0) {  // d * (q - 8), as the reference
+      w[h] = v8_mul(d, lo);
+      w[h + 2] = v8_mul(d, hi);
     } else {
-      w[h] = _mm256_fmadd_ps(d, lo, m);
-      w[h + 2] = _mm256_fmadd_ps(d, hi, m);
+      w[h] = v8_fma(d, lo, m);
+      w[h + 2] = v8_fma(d, hi, m);
     }
   }
 }
@@ -65,41 +57,40 @@ static inline void decode_block(const uint8_t *p, __m256 w[4]) {
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
   const int A = TT == 1 ? 4 : TT == 2 ? 2 : 1;
-  __m256 acc[TT][A];
+  v8 acc[TT][A];
   for (int t = 0; t < TT; ++t)
-    for (int a = 0; a < A; ++a) acc[t][a] = _mm256_setzero_ps();
+    for (int a = 0; a < A; ++a) acc[t][a] = v8_zero();
   for (long b = 0; b < nb; ++b) {
-    __m256 w[4];
+    v8 w[4];
     decode_block<QT>(wr + b * block_bytes(QT), w);
     for (int t = 0; t < TT; ++t) {
       const float *xb = x + t * xs + b * kBlock;
-      for (int j = 0; j < 4; ++j)
-        acc[t][j % A] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(xb + 8 * j), acc[t][j % A]);
+      for (int j = 0; j < 4; ++j) acc[t][j % A] = v8_fma(w[j], v8_load(xb + 8 * j), acc[t][j % A]);
     }
   }
   for (int t = 0; t < TT; ++t) {
-    __m256 s = acc[t][0];
-    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[t][a]);
-    sums[t] = hsum8(s);
+    v8 s = acc[t][0];
+    for (int a = 1; a < A; ++a) s = v8_add(s, acc[t][a]);
+    sums[t] = v8_hsum(s);
   }
 }
 #else
 template <int QT>
 static inline void decode_block(const uint8_t *p, float *w) {
-  if (QT == CX86_F32W) {
+  if (QT == CK_F32W) {
     memcpy(w, p, kBlock * sizeof(float));
     return;
   }
-  if (QT == CX86_Q8_0 || QT == CX86_INT8) {
-    const float d = QT == CX86_INT8 ? 1.0f : read_half(p);
-    const int8_t *q = (const int8_t *)(p + (QT == CX86_INT8 ? 0 : 2));
+  if (QT == CK_Q8_0 || QT == CK_INT8) {
+    const float d = QT == CK_INT8 ? 1.0f : read_half(p);
+    const int8_t *q = (const int8_t *)(p + (QT == CK_INT8 ? 0 : 2));
     for (int i = 0; i < kBlock; ++i) w[i] = d * (float)q[i];
     return;
   }
   const float d = read_half(p);
-  const uint8_t *q = p + (QT == CX86_Q4_1 ? 4 : 2);
+  const uint8_t *q = p + (QT == CK_Q4_1 ? 4 : 2);
   for (int i = 0; i < 16; ++i) {
-    if (QT == CX86_Q4_0) {
+    if (QT == CK_Q4_0) {
       w[i] = d * (float)((q[i] & 0x0f) - 8);
       w[i + 16] = d * (float)((q[i] >> 4) - 8);
     } else {
@@ -127,7 +118,7 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 }
 #endif
 
-#if defined(__AVX2__)
+#if defined(CK_V8)
 // activation rows x weight rows of the panel kernel's register tile: 4 x 3 = 12 accumulators
 // (6 x 2 and 3 x 4 measured 2.5% slower at 32 rows on Zen 1, equal at 512; 32 = 8 x 4, no tail)
 static const int kPanelX = 4, kPanelW = 3;
@@ -140,28 +131,23 @@ static const long kPanelMin = 7;
 // writes sums[t * RW + r], and zeros up to the next multiple of 8 (sums holds 16).
 template <int TX, int RW>
 static inline void panel_tile(const float *wp, long k, const float *x, long xs, float *sums) {
-  __m256 acc[TX][RW];
+  v8 acc[TX][RW];
   for (int t = 0; t < TX; ++t)
-    for (int r = 0; r < RW; ++r) acc[t][r] = _mm256_setzero_ps();
+    for (int r = 0; r < RW; ++r) acc[t][r] = v8_zero();
   for (long i = 0; i < k; i += 8) {
-    __m256 w[RW];
-    for (int r = 0; r < RW; ++r) w[r] = _mm256_loadu_ps(wp + r * k + i);
+    v8 w[RW];
+    for (int r = 0; r < RW; ++r) w[r] = v8_load(wp + r * k + i);
     for (int t = 0; t < TX; ++t) {
-      __m256 xv = _mm256_loadu_ps(x + t * xs + i);
-      // one load of x per row, in a register: the compiler would otherwise fold it into
-      // every FMA as a memory operand, one load per FMA (CPUs with one 256-bit load a
-      // cycle, like Zen 1, then wait on loads)
-      __asm__("" : "+x"(xv));
-      for (int r = 0; r < RW; ++r) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
+      v8 xv = v8_load(x + t * xs + i);
+      v8_keep(xv);  // one load of x per row, in a register
+      for (int r = 0; r < RW; ++r) acc[t][r] = v8_fma(xv, w[r], acc[t][r]);
     }
   }
   // sums[t * RW + r] = lane sum of acc[t][r], 8 at a time (zeros pad the last 8)
   const int count = TX * RW, padded = (count + 7) / 8 * 8;
-  __m256 flat[16];
-  for (int i = 0; i < padded; ++i) flat[i] = i < count ? acc[i / RW][i % RW] : _mm256_setzero_ps();
-  for (int i = 0; i < padded; i += 8)
-    _mm256_storeu_ps(sums + i, hsum8x8(flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4],
-                                       flat[i + 5], flat[i + 6], flat[i + 7]));
+  v8 flat[16];
+  for (int i = 0; i < padded; ++i) flat[i] = i < count ? acc[i / RW][i % RW] : v8_zero();
+  for (int i = 0; i < padded; i += 8) v8_hsum8x8(flat + i, sums + i);
 }
 
 template <int RW>
@@ -190,8 +176,8 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
   int failed = 0;
   parallel_for(groups, row_chunk(groups, nthreads), nthreads, true, [&](long lo, long hi) {
     // float32 weight rows are the panel as they are; others are dequantized into wp
-    float *wp = QT == CX86_F32W ? NULL : (float *)aligned_alloc(32, kPanelW * k * sizeof(float));
-    if (QT != CX86_F32W && !wp) {
+    float *wp = QT == CK_F32W ? NULL : (float *)aligned_alloc(32, kPanelW * k * sizeof(float));
+    if (QT != CK_F32W && !wp) {
       __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
       return;
     }
@@ -199,12 +185,12 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
       const long x1 = rows - x0 < xblock ? rows : x0 + xblock;
       for (long g = lo; g < hi; ++g) {
         const long j = kPanelW * g, rw = n - j < kPanelW ? n - j : kPanelW;
-        const float *panel = QT == CX86_F32W ? (const float *)(w + j * rb) : wp;
-        for (long r = 0; r < rw && QT != CX86_F32W; ++r)
+        const float *panel = QT == CK_F32W ? (const float *)(w + j * rb) : wp;
+        for (long r = 0; r < rw && QT != CK_F32W; ++r)
           for (long b = 0; b < nb; ++b) {
-            __m256 v[4];
+            v8 v[4];
             decode_block<QT>(w + (j + r) * rb + b * block_bytes(QT), v);
-            for (int q = 0; q < 4; ++q) _mm256_store_ps(wp + r * k + b * kBlock + 8 * q, v[q]);
+            for (int q = 0; q < 4; ++q) v8_store(wp + r * k + b * kBlock + 8 * q, v[q]);
           }
         float scale[kPanelW], bj[kPanelW];
         row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
@@ -265,7 +251,7 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
 template <int QT, typename T>
 static int matmul_float_act(const uint8_t *w, const float *rs, const float *x, long xs, long rows,
                             long n, long k, T *out, const void *bias, int bias_dt, int nt) {
-#if defined(__AVX2__)
+#if defined(CK_V8)
   if (rows >= kPanelMin) return gemm_panel<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
 #endif
   gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
@@ -277,30 +263,30 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
                       long rows, long n, long k, void *out, const void *bias, int bias_dt, int nt) {
   T *o = (T *)out;
   switch (qt) {
-    case CX86_Q8_0: return matmul_float_act<CX86_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CX86_Q4_0: return matmul_float_act<CX86_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CX86_Q4_1: return matmul_float_act<CX86_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CX86_F32W: return matmul_float_act<CX86_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    default: return matmul_float_act<CX86_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q8_0: return matmul_float_act<CK_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_0: return matmul_float_act<CK_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_1: return matmul_float_act<CK_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_F32W: return matmul_float_act<CK_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS
 
-using namespace CX86_NS;
+using namespace CK_NS;
 
 extern "C" {
 
 // out[rows, n] (dtype, contiguous) = x[rows, k] (dtype, row stride x_stride) @ W^T
 // (+ bias), float32 accumulation on float32 activations. W: n rows in format qt;
-// row_scale: per-row scales for CX86_INT8, else NULL. k must be a multiple of 32.
-// qt CX86_F32W: W is a plain row-major float32 matrix.
+// row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32.
+// qt CK_F32W: W is a plain row-major float32 matrix.
 // Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
-int CX86_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
+int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads) {
   const uint8_t *wb = (const uint8_t *)w;
-  if (dtype == CX86_F32)
+  if (dtype == CK_F32)
     return gemv_typed<float>(qt, wb, row_scale, (const float *)x, x_stride, rows, n, k, out, bias,
                              bias_dtype, nthreads);
   float *xf = (float *)malloc(rows * k * sizeof(float));  // widen bfloat16 rows once

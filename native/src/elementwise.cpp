@@ -3,7 +3,7 @@
 // Inputs in fp32 or bf16 are widened to fp32 in registers; outputs are rounded once.
 #include "common.h"
 
-namespace CX86_NS {
+namespace CK_NS {
 
 // a parallel region only pays off above this many elements (two cores wake in ~us)
 static const long kParallelMin = 1L << 15;
@@ -84,48 +84,48 @@ static void silu_mul_rows(T *out, const T *x, long x_stride, long rows, long int
   });
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS
 
-using namespace CX86_NS;
+using namespace CK_NS;
 
 extern "C" {
 
 // out[rows, n] = rms_norm(x) * w. With res != NULL: res_out = round(x + res) and the
 // norm is taken of res_out (fused residual add). w_dtype may differ from dtype.
-void CX86_FN(rms_norm)(int dtype, int w_dtype, void *out, void *res_out, const void *x,
+void CK_FN(rms_norm)(int dtype, int w_dtype, void *out, void *res_out, const void *x,
                        long x_stride, const void *res, long res_stride, const void *w,
                        long rows, long n, float eps, int nthreads) {
-#define CX86_RMS(T, W)                                                                   \
+#define CK_RMS(T, W)                                                                   \
   rms_norm_rows<T, W>((T *)out, (T *)res_out, (const T *)x, x_stride, (const T *)res,    \
                       res_stride, (const W *)w, rows, n, eps, nthreads)
-  if (dtype == CX86_F32) {
-    if (w_dtype == CX86_F32) CX86_RMS(float, float); else CX86_RMS(float, bf16_t);
+  if (dtype == CK_F32) {
+    if (w_dtype == CK_F32) CK_RMS(float, float); else CK_RMS(float, bf16_t);
   } else {
-    if (w_dtype == CX86_F32) CX86_RMS(bf16_t, float); else CX86_RMS(bf16_t, bf16_t);
+    if (w_dtype == CK_F32) CK_RMS(bf16_t, float); else CK_RMS(bf16_t, bf16_t);
   }
-#undef CX86_RMS
+#undef CK_RMS
 }
 
 // out[rows, heads, d] = rotate(x) where row r of x starts at r * row_stride (heads
 // contiguous); cache[max_pos, d] holds cos | sin.
-void CX86_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long row_stride,
+void CK_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long row_stride,
                      long heads, long d, const int64_t *pos, const void *cache, long rows,
                      int nthreads) {
-#define CX86_ROT(T, C)                                                                  \
+#define CK_ROT(T, C)                                                                  \
   rotary_rows<T, C>((T *)out, (const T *)x, row_stride, heads, d, pos, (const C *)cache, \
                     rows, nthreads)
-  if (dtype == CX86_F32) {
-    if (cache_dtype == CX86_F32) CX86_ROT(float, float); else CX86_ROT(float, bf16_t);
+  if (dtype == CK_F32) {
+    if (cache_dtype == CK_F32) CK_ROT(float, float); else CK_ROT(float, bf16_t);
   } else {
-    if (cache_dtype == CX86_F32) CX86_ROT(bf16_t, float); else CX86_ROT(bf16_t, bf16_t);
+    if (cache_dtype == CK_F32) CK_ROT(bf16_t, float); else CK_ROT(bf16_t, bf16_t);
   }
-#undef CX86_ROT
+#undef CK_ROT
 }
 
 // out[rows, inter] = silu(x[:, :inter]) * x[:, inter:2*inter]
-void CX86_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
+void CK_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
                            long inter, int nthreads) {
-  if (dtype == CX86_F32)
+  if (dtype == CK_F32)
     silu_mul_rows<float>((float *)out, (const float *)x, x_stride, rows, inter, nthreads);
   else
     silu_mul_rows<bf16_t>((bf16_t *)out, (const bf16_t *)x, x_stride, rows, inter, nthreads);
@@ -134,7 +134,7 @@ void CX86_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, l
 // Copy token t's row_bytes of k and v (rows at t * k_stride_bytes / v_stride_bytes)
 // into slot slots[t] of the caches; negative slots are padding and skipped. Returns
 // the number of slots >= num_slots (not written).
-long CX86_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
+long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
                              long v_stride_bytes, void *k_cache, void *v_cache,
                              const int64_t *slots, long tokens, long row_bytes, long num_slots) {
   long bad = 0;

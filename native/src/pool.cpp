@@ -4,11 +4,10 @@
 // machine a descheduled worker therefore costs its share of nothing, where an OpenMP
 // barrier would stall the whole step until the OS runs that thread again.
 // Idle workers spin briefly (the next kernel call of a decode step comes within
-// microseconds), then sleep on a futex. Built for the baseline ISA (dispatch.cpp's).
+// microseconds), then sleep on a futex. Built for the target's baseline ISA.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <immintrin.h>
 #include <pthread.h>
 #include <linux/futex.h>
 #include <limits.h>
@@ -28,6 +27,17 @@ namespace {
 
 const auto kSpin = std::chrono::microseconds(200);  // idle spin before sleeping
 
+// a spin-wait hint to the core (lets the sibling hyperthread run, saves power)
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield" ::: "memory");
+#else
+  __asm__ volatile("" ::: "memory");
+#endif
+}
+
 void futex_wait(std::atomic<uint32_t> *word, uint32_t expected) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
 }
@@ -38,7 +48,7 @@ void futex_wake_all(std::atomic<uint32_t> *word) {
 class Pool {
  public:
   // Run fn(ctx, i) for i in [0, n) on the caller and up to nthreads - 1 workers.
-  void run(cx86_task fn, void *ctx, long n, int nthreads) {
+  void run(ck_task fn, void *ctx, long n, int nthreads) {
     std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
     if (!lock.owns_lock() || nthreads <= 1 || n <= 1) {  // another caller has the pool
       for (long i = 0; i < n; ++i) fn(ctx, i);
@@ -55,7 +65,7 @@ class Pool {
     gen_.store(g);
     if (sleepers_.load() > 0) futex_wake_all(&gen_);
     long mine = work(g);
-    while (done_.load(std::memory_order_acquire) + mine < n) _mm_pause();
+    while (done_.load(std::memory_order_acquire) + mine < n) cpu_relax();
   }
 
   // Pin worker i to cpus[(i + 1) % n] (the caller keeps cpus[0]); later workers too.
@@ -77,7 +87,7 @@ class Pool {
       if ((uint32_t)(v >> 32) != g) return ran;
       const long i = (long)(uint32_t)v;
       const long n = n_.load(std::memory_order_relaxed);
-      cx86_task fn = fn_.load(std::memory_order_relaxed);
+      ck_task fn = fn_.load(std::memory_order_relaxed);
       void *ctx = ctx_.load(std::memory_order_relaxed);
       if (i >= n) return ran;
       // success means job g is unfinished, so fn/ctx/n read above are still job g's
@@ -94,7 +104,7 @@ class Pool {
       uint32_t g = gen_.load();
       const auto start = std::chrono::steady_clock::now();
       for (int spins = 0; g == seen; g = gen_.load()) {
-        _mm_pause();
+        cpu_relax();
         if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
           sleepers_.fetch_add(1);
           futex_wait(&gen_, seen);
@@ -129,7 +139,7 @@ class Pool {
   std::atomic<uint64_t> next_{0};  // (job generation << 32) | next chunk
   std::atomic<long> done_{0}, n_{0};
   std::atomic<int> active_{0}, sleepers_{0};
-  std::atomic<cx86_task> fn_{nullptr};
+  std::atomic<ck_task> fn_{nullptr};
   std::atomic<void *> ctx_{nullptr};
   std::vector<pthread_t> threads_;
   std::vector<int> cpus_;
@@ -144,8 +154,8 @@ Pool &pool() {
 
 extern "C" {
 
-void cx86_parallel(cx86_task fn, void *ctx, long n, int nthreads) { pool().run(fn, ctx, n, nthreads); }
+void ck_parallel(ck_task fn, void *ctx, long n, int nthreads) { pool().run(fn, ctx, n, nthreads); }
 
-int cx86_pin_pool(const int *cpus, int n) { return pool().pin(cpus, n); }
+int ck_pin_pool(const int *cpus, int n) { return pool().pin(cpus, n); }
 
 }  // extern "C"

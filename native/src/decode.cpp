@@ -7,23 +7,23 @@
 
 #include "kernels.h"
 
-// Layouts shared with Python (plugin_cpu_x86/decode.py, ctypes structures).
-struct CX86Linear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
+// Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
+struct CKLinear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
   const void *w;
-  const float *scales;  // per-row scales of CX86_INT8, else NULL
+  const float *scales;  // per-row scales of CK_INT8, else NULL
   const void *bias;     // NULL if none
   long n, k;
   int qt, bias_dtype;  // an x8 format takes int8 activations (quant.cpp)
 };
 
-struct CX86Layer {
+struct CKLayer {
   const void *input_norm, *post_norm;  // RMSNorm weights [hidden] (norm_dtype)
-  CX86Linear qkv, o, gate_up, down;
+  CKLinear qkv, o, gate_up, down;
   void *k_cache, *v_cache;  // [num_blocks, block_size, kv_heads, head_dim]
 };
 
-struct CX86Decoder {
-  const CX86Layer *layers;
+struct CKDecoder {
+  const CKLayer *layers;
   long num_layers, hidden, heads, kv_heads, head_dim, inter;
   long vocab, block_size, num_slots;
   const void *embed;       // [vocab, hidden] (dtype)
@@ -33,33 +33,33 @@ struct CX86Decoder {
   int dtype, norm_dtype, cos_sin_dtype;
 };
 
-struct CX86Step {
+struct CKStep {
   const int64_t *ids, *positions, *slots;  // [tokens]
   const int32_t *starts, *seq_lens, *tables;  // attention metadata (plugins/attention.py)
   long table_stride, tokens, num_seqs;
   void *out;  // [tokens, hidden] final normed hidden states (dtype)
 };
 
-namespace CX86_NS {
+namespace CK_NS {
 
-static int linear(const CX86Linear &l, int dtype, const void *x, long rows, void *out, int nt) {
-  return CX86_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
+static int linear(const CKLinear &l, int dtype, const void *x, long rows, void *out, int nt) {
+  return CK_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
                          l.bias_dtype, nt);
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS
 
-using namespace CX86_NS;
+using namespace CK_NS;
 
 extern "C" {
 
 // Runs the decoder on step->tokens tokens; writes step->out. Returns 0, -1 when a
 // buffer could not be allocated, -2 for a token id outside the vocabulary, -3 for a
 // slot outside the KV cache.
-int CX86_FN(decode)(const CX86Decoder *m, const CX86Step *s, int nt) {
+int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   const long t = s->tokens, h = m->hidden, d = m->head_dim;
   const long q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_size = q_size + 2 * kv_size;
-  const long esize = m->dtype == CX86_F32 ? 4 : 2;
+  const long esize = m->dtype == CK_F32 ? 4 : 2;
   for (long i = 0; i < t; ++i)
     if (s->ids[i] < 0 || s->ids[i] >= m->vocab) return -2;
   // [t, width] buffers (dtype): residual stream, normed input of a projection, output of
@@ -78,35 +78,35 @@ int CX86_FN(decode)(const CX86Decoder *m, const CX86Step *s, int nt) {
   const int dt = m->dtype, ndt = m->norm_dtype;
   int status = 0;
   for (long li = 0; li < m->num_layers; ++li) {
-    const CX86Layer &l = m->layers[li];
+    const CKLayer &l = m->layers[li];
     if (li == 0)  // residual = embeddings; later layers first add the previous layer's output
-      CX86_FN(rms_norm)(dt, ndt, b[NORMED], NULL, b[RES], h, NULL, 0, l.input_norm, t, h, m->eps, nt);
+      CK_FN(rms_norm)(dt, ndt, b[NORMED], NULL, b[RES], h, NULL, 0, l.input_norm, t, h, m->eps, nt);
     else
-      CX86_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.input_norm, t, h,
+      CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.input_norm, t, h,
                         m->eps, nt);
     if ((status = linear(l.qkv, dt, b[NORMED], t, b[QKV], nt))) break;
     const char *k_in = b[QKV] + q_size * esize, *v_in = k_in + kv_size * esize;
-    CX86_FN(rotary)(dt, m->cos_sin_dtype, b[Q], b[QKV], qkv_size, m->heads, d, s->positions,
+    CK_FN(rotary)(dt, m->cos_sin_dtype, b[Q], b[QKV], qkv_size, m->heads, d, s->positions,
                     m->cos_sin, t, nt);
-    CX86_FN(rotary)(dt, m->cos_sin_dtype, b[K], k_in, qkv_size, m->kv_heads, d, s->positions,
+    CK_FN(rotary)(dt, m->cos_sin_dtype, b[K], k_in, qkv_size, m->kv_heads, d, s->positions,
                     m->cos_sin, t, nt);
-    if (CX86_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
+    if (CK_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
                                 l.v_cache, s->slots, t, kv_size * esize, m->num_slots)) {
       status = -3;
       break;
     }
-    CX86_FN(paged_attention)(dt, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, s->starts,
+    CK_FN(paged_attention)(dt, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, s->starts,
                              s->seq_lens, s->tables, s->table_stride, t, s->num_seqs, m->heads,
                              m->kv_heads, d, m->block_size, m->scale, nt);
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
-    CX86_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
+    CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);
     if ((status = linear(l.gate_up, dt, b[NORMED], t, b[GATE_UP], nt))) break;
-    CX86_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
+    CK_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
     if ((status = linear(l.down, dt, b[ACT], t, b[PROJ], nt))) break;
   }
   if (!status)
-    CX86_FN(rms_norm)(dt, ndt, s->out, b[RES], b[PROJ], h, b[RES], h, m->final_norm, t, h,
+    CK_FN(rms_norm)(dt, ndt, s->out, b[RES], b[PROJ], h, b[RES], h, m->final_norm, t, h,
                       m->eps, nt);
   free(base);
   return status;

@@ -1,4 +1,4 @@
-"""Native kernels of the x86 CPU platform (:class:`CpuX86Kernels`).
+"""The native kernels of the CPU plugins (:class:`NativeCpuKernels`).
 
 Each op calls the C++ kernel of the chosen ISA when the dtypes (float32, bfloat16)
 and memory layout are ones it handles, and otherwise falls back to the torch
@@ -12,10 +12,9 @@ import os
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.cpu_native.library import IsaTable, NativeLib
+from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
-
-from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantLinearMixin
-from plugin_cpu_x86.native import NativeLib
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -42,22 +41,24 @@ def _heads_view(x: torch.Tensor) -> bool:
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
-class CpuX86Kernels(QuantLinearMixin, Kernels):
+class NativeCpuKernels(QuantLinearMixin, Kernels):
     """C++ kernels with runtime ISA dispatch.
 
-    :param isa: ``CPU_KERNEL_ISA``: ``"auto"`` (best the CPU runs), ``"avx512"``,
-        ``"avx2"`` or ``"scalar"``.
+    :param table: the plugin's library and its variants.
+    :param isa: ``CPU_KERNEL_ISA``: ``"auto"`` (best the CPU runs) or one of ``table.choices``.
     :param num_threads: OpenMP threads per kernel (default: CPUs this process may use).
     """
 
-    def __init__(self, isa: str = "auto", num_threads: int | None = None, quantize_activations: bool = False) -> None:
-        self.lib = NativeLib(isa)
+    def __init__(
+        self, table: IsaTable, isa: str = "auto", num_threads: int | None = None, quantize_activations: bool = False
+    ) -> None:
+        self.lib = NativeLib(table, isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
 
     @property
     def isa(self) -> str:
-        """The library variant in use (``avx512vnni``, ``avx512``, ``avx2`` or ``scalar``)."""
+        """The library variant in use (e.g. ``avx512vnni``, ``neon_dotprod``, ``z14``, ``scalar``)."""
         return self.lib.isa
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -3,19 +3,11 @@
 // sharing that kv head are done together so each cached K/V row is loaded once.
 // Online softmax over chunks of keys; query i of a sequence sees keys
 // 0 .. seq_len - query_len + i (causal with offset).
-#include "common.h"
+#include "simd.h"
 
-namespace CX86_NS {
+namespace CK_NS {
 
 static const int kMaxHead = 256, kMaxGroup = 16, kChunk = 32;
-
-#if defined(__AVX2__)
-static inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const bf16_t *p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-#endif
 
 // index of the sequence owning token t (starts is non-decreasing); -1 if none
 static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
@@ -68,25 +60,25 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
           krow[j] = kc + (slot * hk + kvh) * d;
           vrow[j] = vc + (slot * hk + kvh) * d;
         }
-        // scores p[g][j] = q_g . k_j; with AVX2, 4 keys at a time: 4 independent FMA
+        // scores p[g][j] = q_g . k_j; with vectors, 4 keys at a time: 4 independent FMA
         // chains hide the FMA latency (one dot product alone is a chain of d / 8 FMAs)
         for (long g = 0; g < group; ++g) {
           long j = 0;
-#if defined(__AVX2__)
+#if defined(CK_V8)
           if (d % 8 == 0) {
             for (; j + 4 <= n; j += 4) {
-              __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+              v8 s0 = v8_zero(), s1 = s0, s2 = s0, s3 = s0;
               for (long i = 0; i < d; i += 8) {
-                const __m256 qv = _mm256_loadu_ps(&qf[g][i]);
-                s0 = _mm256_fmadd_ps(qv, load8(krow[j] + i), s0);
-                s1 = _mm256_fmadd_ps(qv, load8(krow[j + 1] + i), s1);
-                s2 = _mm256_fmadd_ps(qv, load8(krow[j + 2] + i), s2);
-                s3 = _mm256_fmadd_ps(qv, load8(krow[j + 3] + i), s3);
+                const v8 qv = v8_load(&qf[g][i]);
+                s0 = v8_fma(qv, v8_load(krow[j] + i), s0);
+                s1 = v8_fma(qv, v8_load(krow[j + 1] + i), s1);
+                s2 = v8_fma(qv, v8_load(krow[j + 2] + i), s2);
+                s3 = v8_fma(qv, v8_load(krow[j + 3] + i), s3);
               }
-              p[g][j] = hsum8(s0);
-              p[g][j + 1] = hsum8(s1);
-              p[g][j + 2] = hsum8(s2);
-              p[g][j + 3] = hsum8(s3);
+              p[g][j] = v8_hsum(s0);
+              p[g][j + 1] = v8_hsum(s1);
+              p[g][j + 2] = v8_hsum(s2);
+              p[g][j + 3] = v8_hsum(s3);
             }
           }
 #endif
@@ -114,24 +106,24 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
             for (long i = 0; i < d; ++i) acc[g][i] *= corr;
           }
         }
-#if defined(__AVX2__)
-        if (d % 32 == 0) {  // acc += p . V, 32 columns in 4 registers across the chunk's keys
+#if defined(CK_V8)
+        if (d % 32 == 0) {  // acc += p . V, 32 columns in 4 vectors across the chunk's keys
           for (long g = 0; g < group; ++g)
             for (long c = 0; c < d; c += 32) {
-              __m256 a0 = _mm256_loadu_ps(&acc[g][c]), a1 = _mm256_loadu_ps(&acc[g][c + 8]);
-              __m256 a2 = _mm256_loadu_ps(&acc[g][c + 16]), a3 = _mm256_loadu_ps(&acc[g][c + 24]);
+              v8 a0 = v8_load(&acc[g][c]), a1 = v8_load(&acc[g][c + 8]);
+              v8 a2 = v8_load(&acc[g][c + 16]), a3 = v8_load(&acc[g][c + 24]);
               for (long j = 0; j < n; ++j) {
-                const __m256 pj = _mm256_set1_ps(p[g][j]);
+                const v8 pj = v8_set1(p[g][j]);
                 const T *vr = vrow[j] + c;
-                a0 = _mm256_fmadd_ps(pj, load8(vr), a0);
-                a1 = _mm256_fmadd_ps(pj, load8(vr + 8), a1);
-                a2 = _mm256_fmadd_ps(pj, load8(vr + 16), a2);
-                a3 = _mm256_fmadd_ps(pj, load8(vr + 24), a3);
+                a0 = v8_fma(pj, v8_load(vr), a0);
+                a1 = v8_fma(pj, v8_load(vr + 8), a1);
+                a2 = v8_fma(pj, v8_load(vr + 16), a2);
+                a3 = v8_fma(pj, v8_load(vr + 24), a3);
               }
-              _mm256_storeu_ps(&acc[g][c], a0);
-              _mm256_storeu_ps(&acc[g][c + 8], a1);
-              _mm256_storeu_ps(&acc[g][c + 16], a2);
-              _mm256_storeu_ps(&acc[g][c + 24], a3);
+              v8_store(&acc[g][c], a0);
+              v8_store(&acc[g][c + 8], a1);
+              v8_store(&acc[g][c + 16], a2);
+              v8_store(&acc[g][c + 24], a3);
             }
           continue;
         }
@@ -153,25 +145,25 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
   });
 }
 
-}  // namespace CX86_NS
+}  // namespace CK_NS
 
-using namespace CX86_NS;
+using namespace CK_NS;
 
 extern "C" {
 
 // Limits the Python side checks before calling paged_attention.
-long CX86_FN(attention_max_head)(void) { return kMaxHead; }
-long CX86_FN(attention_max_group)(void) { return kMaxGroup; }
+long CK_FN(attention_max_head)(void) { return kMaxHead; }
+long CK_FN(attention_max_group)(void) { return kMaxGroup; }
 
 // out[tokens, hq, d] (contiguous) = attention of q (row t at t * q_stride, heads
 // contiguous) over caches [num_blocks, block_size, hk, d]; starts = query_start_loc
 // [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride] (all int32).
-void CX86_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
+void CK_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
                               const void *k_cache, const void *v_cache, const int32_t *starts,
                               const int32_t *seq_lens, const int32_t *tables, long table_stride,
                               long tokens, long num_seqs, long hq, long hk, long d,
                               long block_size, float scale, int nthreads) {
-  if (dtype == CX86_F32)
+  if (dtype == CK_F32)
     attend<float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
                   (const float *)v_cache, starts, seq_lens, tables, table_stride, tokens,
                   num_seqs, hq, hk, d, block_size, scale, nthreads);

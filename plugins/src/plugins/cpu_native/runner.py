@@ -1,13 +1,13 @@
-"""The x86 CPU runner: forward passes of Llama-family models as one native call a step.
+"""The CPU plugins' runner: forward passes of Llama-family models as one native call a step.
 
 The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
 layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
-``cx86_<isa>_decode`` (csrc/decode.cpp) with the weights and caches described once (from the model's
-:class:`plugins.model.ModelDescription`), so a step costs one Python call and gives the
-eager result exactly. It is CPU graph capture in all but name, without padding or fixed
-batch sizes: built in :meth:`CpuX86Runner.prepare`, used for every step; models that
-do not describe themselves, or that it cannot run, run eagerly.
+``ck_<isa>_decode`` (native/src/decode.cpp) with the weights and caches described once
+(from the model's :class:`plugins.model.ModelDescription`), so a step costs one Python
+call and gives the eager result exactly. It is CPU graph capture in all but name,
+without padding or fixed batch sizes: built in :meth:`NativeCpuRunner.prepare`, used for
+every step; models that do not describe themselves, or that it cannot run, run eagerly.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 from plugins.config import EngineConfigView
+from plugins.cpu_native.library import F32W
+from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
 from plugins.model import LinearWeights, ModelDescription
 from plugins.runner import ModelInputs, Runner
-
-from plugin_cpu_x86.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
-from plugin_cpu_x86.native import F32W
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ class FusedDecoder:
         return out
 
 
-class CpuX86Runner(Runner):
+class NativeCpuRunner(Runner):
     """Models that describe themselves (``model.describe``) as one native call a step
     (:class:`FusedDecoder`), other models eagerly."""
 
@@ -185,19 +184,19 @@ class CpuX86Runner(Runner):
         super().prepare(model, kv_caches, config)
         self.fused = None
         if not self.platform.env["CPU_FUSED_DECODE"]:
-            logger.info("cpu_x86 runner: eager (CPU_FUSED_DECODE=0)")
+            logger.info("%s runner: eager (CPU_FUSED_DECODE=0)", self.platform.name)
             return
         if config is not None and config.tensor_parallel_size > 1:  # the native decoder has no all-reduce
-            logger.info("cpu_x86 runner: eager (tensor_parallel_size=%d)", config.tensor_parallel_size)
+            logger.info("%s runner: eager (tensor_parallel_size=%d)", self.platform.name, config.tensor_parallel_size)
             return
         describe = getattr(model, "describe", None)
         try:
             _need(describe is not None, f"{type(model).__name__} does not describe itself (no describe())")
             self.fused = FusedDecoder(describe(kv_caches), self.platform.kernels)
         except NotFusable as exc:
-            logger.info("cpu_x86 runner: eager, the native decoder does not run this model: %s", exc)
+            logger.info("%s runner: eager, the native decoder does not run this model: %s", self.platform.name, exc)
             return
-        logger.info("cpu_x86 runner: each step as one native call")
+        logger.info("%s runner: each step as one native call", self.platform.name)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused

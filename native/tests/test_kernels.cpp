@@ -1,0 +1,418 @@
+// Kernel tests of the CPU kernel library against a scalar double-precision reference on
+// random inputs, for every ISA variant the library holds that this CPU (or the emulated
+// one: make test-cross runs this under qemu-user) runs.
+//   test_kernels <library.so>    prints a line per failure and a summary; exit 1 on failure
+// Data is made in the host's byte order, as the kernels see weights after loading (on
+// s390x, big-endian: plugin_s390x converts the little-endian files at load).
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+enum { F32 = 0, BF16 = 1 };
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8 };
+const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32"};
+
+typedef void (*RmsNorm)(int, int, void *, void *, const void *, long, const void *, long,
+                        const void *, long, long, float, int);
+typedef void (*Rotary)(int, int, void *, const void *, long, long, long, const int64_t *,
+                       const void *, long, int);
+typedef void (*SiluMul)(int, void *, const void *, long, long, long, int);
+typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, const int64_t *,
+                        long, long, long);
+typedef void (*Attention)(int, void *, const void *, long, const void *, const void *,
+                          const int32_t *, const int32_t *, const int32_t *, long, long, long,
+                          long, long, long, long, float, int);
+typedef int (*Linear)(int, const void *, const float *, long, long, int, const void *, long,
+                      long, void *, const void *, int, int);
+
+uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+uint32_t next_u32() {  // xorshift64*
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() >> 8) / 16777216.0f; }
+std::vector<float> randn(size_t n, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (float &x : v) x = uniform(-scale, scale);
+  return v;
+}
+
+float bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float half_to_f32(uint16_t h) {  // normal numbers and zero (the scales tests make)
+  if ((h & 0x7fffu) == 0) return h ? -0.0f : 0.0f;
+  const uint32_t u = ((uint32_t)(h & 0x8000u) << 16) | ((((h >> 10) & 0x1fu) + 112u) << 23) | ((h & 0x3ffu) << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_half(float f) {  // truncating; normal range only
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const int e = (int)((u >> 23) & 0xff) - 112;
+  return (uint16_t)(((u >> 16) & 0x8000u) | (e << 10) | ((u >> 13) & 0x3ffu));
+}
+std::vector<uint16_t> to_bf16(const std::vector<float> &v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  return o;
+}
+std::vector<float> round_bf16(const std::vector<float> &v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(f32_to_bf16(v[i]));
+  return o;
+}
+
+struct Suite {
+  void *lib;
+  std::string isa;
+  int run = 0, passed = 0;
+
+  template <typename F>
+  F fn(const char *name) {
+    const std::string sym = "ck_" + isa + "_" + name;
+    void *p = dlsym(lib, sym.c_str());
+    if (!p) {
+      fprintf(stderr, "missing symbol %s\n", sym.c_str());
+      exit(2);
+    }
+    return (F)p;
+  }
+
+  // out against ref: |out - ref| <= atol + rtol * |ref| everywhere
+  void check(const std::string &name, const float *out, const std::vector<double> &ref, double rtol,
+             double atol) {
+    double worst = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double err = fabs((double)out[i] - ref[i]), tol = atol + rtol * fabs(ref[i]);
+      if (!(err <= tol)) ++bad;
+      worst = err > worst ? err : worst;
+    }
+    ++run;
+    if (bad == 0) {
+      ++passed;
+    } else {
+      printf("FAIL %s [%s]: %zu of %zu values off, max error %.3g\n", name.c_str(), isa.c_str(), bad,
+             ref.size(), worst);
+    }
+  }
+  void check(const std::string &name, const uint16_t *out_bf16, const std::vector<double> &ref, double rtol,
+             double atol) {
+    std::vector<float> f(ref.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(out_bf16[i]);
+    check(name, f.data(), ref, rtol, atol);
+  }
+};
+
+void test_rms_norm(Suite &s) {
+  const long rows = 5, n = 96;
+  const float eps = 1e-5f;
+  auto x = randn(rows * n), res = randn(rows * n), w = randn(n);
+  std::vector<double> ref(rows * n), ref_res(rows * n);
+  for (long r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (long i = 0; i < n; ++i) {
+      const float sum = x[r * n + i] + res[r * n + i];  // the residual is rounded to dtype first
+      ref_res[r * n + i] = sum;
+      ss += (double)sum * sum;
+    }
+    const double inv = 1.0 / sqrt(ss / n + eps);
+    for (long i = 0; i < n; ++i) ref[r * n + i] = ref_res[r * n + i] * inv * w[i];
+  }
+  std::vector<float> out(rows * n), res_out(rows * n);
+  s.fn<RmsNorm>("rms_norm")(F32, F32, out.data(), res_out.data(), x.data(), n, res.data(), n, w.data(),
+                            rows, n, eps, 2);
+  s.check("fused_add_rms_norm f32", out.data(), ref, 1e-5, 1e-5);
+  s.check("fused_add_rms_norm f32 residual", res_out.data(), ref_res, 0, 0);
+
+  const auto xb = to_bf16(x), wb = to_bf16(w);
+  const auto xr = round_bf16(x), wr = round_bf16(w);
+  for (long r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (long i = 0; i < n; ++i) ss += (double)xr[r * n + i] * xr[r * n + i];
+    const double inv = 1.0 / sqrt(ss / n + eps);
+    for (long i = 0; i < n; ++i) ref[r * n + i] = xr[r * n + i] * inv * wr[i];
+  }
+  std::vector<uint16_t> outb(rows * n);
+  s.fn<RmsNorm>("rms_norm")(BF16, BF16, outb.data(), NULL, xb.data(), n, NULL, 0, wb.data(), rows, n,
+                            eps, 1);
+  s.check("rms_norm bf16", outb.data(), ref, 1e-2, 1e-3);
+}
+
+void test_rotary_silu(Suite &s) {
+  const long rows = 4, heads = 3, d = 32, max_pos = 16, half = d / 2;
+  auto x = randn(rows * heads * d);
+  std::vector<float> cache(max_pos * d);
+  for (long p = 0; p < max_pos; ++p)
+    for (long i = 0; i < half; ++i) {
+      const double a = p * pow(10000.0, -2.0 * i / d);
+      cache[p * d + i] = (float)cos(a);
+      cache[p * d + half + i] = (float)sin(a);
+    }
+  const int64_t pos[rows] = {0, 3, 15, 7};
+  std::vector<double> ref(rows * heads * d);
+  for (long r = 0; r < rows; ++r)
+    for (long h = 0; h < heads; ++h)
+      for (long i = 0; i < half; ++i) {
+        const double c = cache[pos[r] * d + i], sn = cache[pos[r] * d + half + i];
+        const double x1 = x[(r * heads + h) * d + i], x2 = x[(r * heads + h) * d + half + i];
+        ref[(r * heads + h) * d + i] = x1 * c - x2 * sn;
+        ref[(r * heads + h) * d + half + i] = x2 * c + x1 * sn;
+      }
+  std::vector<float> out(rows * heads * d);
+  s.fn<Rotary>("rotary")(F32, F32, out.data(), x.data(), heads * d, heads, d, pos, cache.data(), rows, 2);
+  s.check("rotary f32", out.data(), ref, 1e-5, 1e-6);
+
+  const long inter = 72;
+  auto g = randn(rows * 2 * inter, 4.0f);
+  std::vector<double> sref(rows * inter);
+  for (long r = 0; r < rows; ++r)
+    for (long i = 0; i < inter; ++i) {
+      const double gv = g[r * 2 * inter + i];
+      sref[r * inter + i] = gv / (1.0 + exp(-gv)) * g[r * 2 * inter + inter + i];
+    }
+  std::vector<float> sout(rows * inter);
+  s.fn<SiluMul>("silu_and_mul")(F32, sout.data(), g.data(), 2 * inter, rows, inter, 2);
+  s.check("silu_and_mul f32", sout.data(), sref, 1e-5, 1e-6);
+  const auto gb = to_bf16(g);
+  const auto gr = round_bf16(g);
+  for (long r = 0; r < rows; ++r)
+    for (long i = 0; i < inter; ++i) {
+      const double gv = gr[r * 2 * inter + i];
+      sref[r * inter + i] = gv / (1.0 + exp(-gv)) * gr[r * 2 * inter + inter + i];
+    }
+  std::vector<uint16_t> soutb(rows * inter);
+  s.fn<SiluMul>("silu_and_mul")(BF16, soutb.data(), gb.data(), 2 * inter, rows, inter, 1);
+  s.check("silu_and_mul bf16", soutb.data(), sref, 1e-2, 1e-3);
+}
+
+// Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
+// 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
+// with write_kv_cache through shuffled block tables, then attended.
+void test_attention(Suite &s, long d, int dtype) {
+  const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
+  const int32_t seq_lens[2] = {8, 37}, starts[3] = {0, 5, 6};
+  const int32_t tables[2][3] = {{5, 0, 0}, {2, 7, 4}};
+  const long tokens = 6, lens[2] = {8, 37};
+  // the K/V rows of every position of both sequences, and their slots
+  std::vector<float> kv[2];
+  for (auto &v : kv) v = randn((lens[0] + lens[1]) * row);
+  std::vector<int64_t> slots;
+  for (int sq = 0; sq < 2; ++sq)
+    for (long p = 0; p < lens[sq]; ++p) slots.push_back((long)tables[sq][p / bs] * bs + p % bs);
+  const long kv_rows = (long)slots.size();
+  auto q = randn(tokens * hq * d);
+  if (dtype == BF16) {
+    q = round_bf16(q);
+    for (auto &v : kv) v = round_bf16(v);
+  }
+  const size_t es = dtype == F32 ? 4 : 2;
+  std::vector<uint8_t> kc(blocks * bs * row * es, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
+      kb(kv_rows * row * es), vb(kb.size());
+  auto put = [&](std::vector<uint8_t> &dst, const std::vector<float> &src) {
+    for (size_t i = 0; i < src.size(); ++i)
+      if (dtype == F32) memcpy(&dst[i * 4], &src[i], 4);
+      else { const uint16_t b = f32_to_bf16(src[i]); memcpy(&dst[i * 2], &b, 2); }
+  };
+  put(qb, q);
+  put(kb, kv[0]);
+  put(vb, kv[1]);
+  const long bad = s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(),
+                                                  vc.data(), slots.data(), kv_rows, row * es, blocks * bs);
+  const float scale = 1.0f / sqrtf((float)d);
+  std::vector<double> ref(tokens * hq * d);
+  for (long t = 0; t < tokens; ++t) {
+    const int sq = t < 5 ? 0 : 1;
+    const long q_len = starts[sq + 1] - starts[sq], base = sq == 0 ? 0 : lens[0];
+    const long n_keys = lens[sq] - q_len + (t - starts[sq]) + 1;
+    for (long h = 0; h < hq; ++h) {
+      const long kvh = h / group;
+      std::vector<double> p(n_keys);
+      double mx = -1e300, sum = 0.0;
+      for (long j = 0; j < n_keys; ++j) {
+        double dot = 0.0;
+        for (long i = 0; i < d; ++i) dot += (double)q[(t * hq + h) * d + i] * kv[0][(base + j) * row + kvh * d + i];
+        p[j] = dot * scale;
+        mx = p[j] > mx ? p[j] : mx;
+      }
+      for (long j = 0; j < n_keys; ++j) sum += p[j] = exp(p[j] - mx);
+      for (long i = 0; i < d; ++i) {
+        double acc = 0.0;
+        for (long j = 0; j < n_keys; ++j) acc += p[j] * kv[1][(base + j) * row + kvh * d + i];
+        ref[(t * hq + h) * d + i] = acc / sum;
+      }
+    }
+  }
+  std::vector<uint8_t> out(tokens * hq * d * es);
+  s.fn<Attention>("paged_attention")(dtype, out.data(), qb.data(), hq * d, kc.data(), vc.data(), starts, seq_lens,
+                                     &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, 2);
+  const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16");
+  if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
+  else s.check(name, (const uint16_t *)out.data(), ref, 1e-2, 2e-3);
+  std::vector<double> zero(1, 0.0);
+  const float fbad = (float)bad;
+  s.check("write_kv_cache slots in range", &fbad, zero, 0, 0);
+}
+
+// A weight matrix [n, k] in format qt (host byte order) and its dequantized values.
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;  // per-row, INT8 only
+  std::vector<double> deq;
+};
+
+Weights make_weights(int qt, long n, long k) {
+  Weights w;
+  const long nb = k / 32;
+  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == F32W ? 128 : 32;
+  w.bytes.resize(n * nb * bb);
+  w.deq.resize(n * k);
+  if (qt == INT8) w.scales = randn(n, 0.02f);
+  for (long j = 0; j < n; ++j)
+    for (long b = 0; b < nb; ++b) {
+      uint8_t *p = &w.bytes[(j * nb + b) * bb];
+      double *o = &w.deq[j * k + b * 32];
+      const float m_sign = next_u32() & 1 ? 1.0f : -1.0f;  // |m| >= 0.01: a normal half
+      const uint16_t dh = f32_to_half(uniform(0.005f, 0.05f)), mh = f32_to_half(m_sign * uniform(0.01f, 0.2f));
+      const double d = half_to_f32(dh), m = half_to_f32(mh);
+      if (qt == Q8_0 || qt == Q4_0 || qt == Q4_1) memcpy(p, &dh, 2);
+      if (qt == Q4_1) memcpy(p + 2, &mh, 2);
+      for (int i = 0; i < 32; ++i) {
+        if (qt == F32W) {
+          const float v = uniform(-1.0f, 1.0f);
+          memcpy(p + 4 * i, &v, 4);
+          o[i] = v;
+        } else if (qt == Q8_0 || qt == INT8) {
+          const int8_t v = (int8_t)(next_u32() % 255 - 127);
+          p[(qt == Q8_0 ? 2 : 0) + i] = (uint8_t)v;
+          o[i] = qt == Q8_0 ? d * v : (double)w.scales[j] * v;
+        } else {
+          const int v = (int)(next_u32() % 16);
+          uint8_t &byte = p[(qt == Q4_1 ? 4 : 2) + i % 16];
+          byte = i < 16 ? (uint8_t)((byte & 0xf0) | v) : (uint8_t)((byte & 0x0f) | (v << 4));
+          o[i] = qt == Q4_0 ? d * (v - 8) : d * v + m;
+        }
+      }
+    }
+  return w;
+}
+
+// The x8 layout of native/src/quant.cpp: groups of 8 rows, per block the 8 rows' f16
+// scales (d, then m for Q4_1) and then 4 bytes of each row at a time.
+std::vector<uint8_t> interleave_x8(int qt, const std::vector<uint8_t> &rows, long n, long k) {
+  const long nb = k / 32, groups = (n + 7) / 8;
+  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : 32;
+  const long head = qt == Q8_0 || qt == Q4_0 ? 2 : qt == Q4_1 ? 4 : 0, body = bb - head;
+  std::vector<uint8_t> out(groups * nb * 8 * bb, 0);
+  for (long g = 0; g < groups; ++g)
+    for (long b = 0; b < nb; ++b) {
+      uint8_t *blk = &out[(g * nb + b) * 8 * bb];
+      for (long r = 0; r < 8 && g * 8 + r < n; ++r) {
+        const uint8_t *src = &rows[((g * 8 + r) * nb + b) * bb];
+        if (head >= 2) memcpy(blk + 2 * r, src, 2);
+        if (head == 4) memcpy(blk + 16 + 2 * r, src + 2, 2);
+        for (long c = 0; c < body / 4; ++c) memcpy(blk + 8 * head + 32 * c + 4 * r, src + head + 4 * c, 4);
+      }
+    }
+  return out;
+}
+
+void test_linear(Suite &s, int qt, long rows, bool int8_act) {
+  const long n = 21, k = 96, nb = k / 32;
+  Weights w = make_weights(qt, n, k);
+  auto x = randn(rows * k), bias = randn(n);
+  std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
+  if (int8_act)  // rounded to int8 per block of 32, as quant.cpp does
+    for (long r = 0; r < rows; ++r)
+      for (long b = 0; b < nb; ++b) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[r * k + b * 32 + i]));
+        const float dd = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = dd * roundf(x[r * k + b * 32 + i] * id);
+      }
+  std::vector<double> ref(rows * n);
+  for (long t = 0; t < rows; ++t)
+    for (long j = 0; j < n; ++j) {
+      double acc = bias[j];
+      for (long i = 0; i < k; ++i) acc += w.deq[j * k + i] * xq[t * k + i];
+      ref[t * n + j] = acc;
+    }
+  const std::vector<uint8_t> wbytes = int8_act ? interleave_x8(qt, w.bytes, n, k) : w.bytes;
+  std::vector<float> scales = w.scales;
+  if (int8_act && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
+  std::vector<float> out(rows * n);
+  const int status = s.fn<Linear>("linear")(qt + (int8_act ? X8 : 0), wbytes.data(), qt == INT8 ? scales.data() : NULL,
+                                            n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
+  const std::string name = std::string("linear ") + kFormatNames[qt] + (int8_act ? " x8/int8-act" : "") +
+                           " rows=" + std::to_string(rows);
+  if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
+  s.check(name, out.data(), ref, 1e-4, 1e-4);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s <kernel library .so>\n", argv[0]);
+    return 2;
+  }
+  void *lib = dlopen(argv[1], RTLD_NOW);
+  if (!lib) {
+    fprintf(stderr, "cannot load %s: %s\n", argv[1], dlerror());
+    return 2;
+  }
+  auto names_fn = (const char *(*)(void))dlsym(lib, "ck_isa_names");
+  auto runs_fn = (int (*)(const char *))dlsym(lib, "ck_isa_runs");
+  if (!names_fn || !runs_fn) {
+    fprintf(stderr, "%s exports no ck_isa_names / ck_isa_runs\n", argv[1]);
+    return 2;
+  }
+  const char *seed = getenv("CK_TEST_SEED");
+  if (seed) rng_state = strtoull(seed, NULL, 0) | 1;
+  int run = 0, passed = 0;
+  std::string tested, skipped;
+  char names[256];
+  snprintf(names, sizeof(names), "%s", names_fn());
+  for (char *isa = strtok(names, " "); isa; isa = strtok(NULL, " ")) {
+    if (runs_fn(isa) != 1) {
+      skipped += std::string(skipped.empty() ? "" : " ") + isa;
+      continue;
+    }
+    Suite s{lib, isa};
+    test_rms_norm(s);
+    test_rotary_silu(s);
+    for (long d : {64L, 40L}) test_attention(s, d, F32);
+    test_attention(s, 64, BF16);
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W})
+      for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
+      for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);
+    run += s.run;
+    passed += s.passed;
+    tested += std::string(tested.empty() ? "" : " ") + isa;
+  }
+  const char *cpu = getenv("QEMU_CPU");  // set by the cross tests (native/CMakeLists.txt)
+  printf("%s%s: %d tests, %d passed; ISA paths run: %s; not run on this CPU: %s\n", cpu ? "qemu -cpu " : "host",
+         cpu ? cpu : "", run, passed, tested.c_str(), skipped.empty() ? "none" : skipped.c_str());
+  return run > 0 && passed == run ? 0 : 1;
+}

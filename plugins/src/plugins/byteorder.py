@@ -1,0 +1,55 @@
+"""Weights from little-endian files for a big-endian host (s390x).
+
+GGUF and safetensors store every multi-byte number little-endian. A platform whose
+kernels read memory big-endian sets :attr:`plugins.Platform.byte_order` to ``"big"``
+(plugin_s390x); core's GGUF loader then passes each tensor's raw bytes through
+:func:`to_host_order`, which swaps the bytes of every multi-byte field in place of the
+file's order: whole elements of a plain dtype, and the float16 scale fields inside
+GGUF's quantized blocks (their int8 and 4-bit values are single bytes and stay as they
+are). Safetensors files need no hook: the safetensors reader itself swaps to the host's
+order when ``sys.byteorder`` is ``"big"``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: GGUF block formats the kernels take: (bytes per block of 32, offsets of its f16 fields)
+GGUF_BLOCK_FIELDS = {"Q8_0": (34, (0,)), "Q4_0": (18, (0,)), "Q4_1": (20, (0, 2))}
+#: plain element formats: bytes per element
+ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "F64": 8}
+
+
+def to_host_order(raw: torch.Tensor, fmt: str, byte_order: str) -> torch.Tensor:
+    """The little-endian bytes ``raw`` (uint8) of format ``fmt`` in ``byte_order``.
+
+    :param raw: a tensor's bytes as the file holds them (any shape; uint8).
+    :param fmt: a GGUF block format of :data:`GGUF_BLOCK_FIELDS` or an element format of
+        :data:`ELEMENT_BYTES` (GGUF type names; safetensors' dtype names are the same).
+    :param byte_order: ``"little"`` (returns ``raw`` itself) or ``"big"`` (a swapped copy).
+    :raises ValueError: unknown ``byte_order``, a format with no known byte layout, or a
+        size that is not a whole number of its blocks/elements.
+    """
+    if byte_order not in ("little", "big"):
+        raise ValueError(f"byte order {byte_order!r} is not 'little' or 'big'")
+    if raw.dtype != torch.uint8:
+        raise ValueError(f"expected the raw bytes as uint8, got {raw.dtype}")
+    if byte_order == "little":
+        return raw
+    if fmt in GGUF_BLOCK_FIELDS:
+        size, fields = GGUF_BLOCK_FIELDS[fmt]
+        blocks = _rows_of(raw, size, fmt).clone()
+        for offset in fields:
+            blocks[:, [offset, offset + 1]] = blocks[:, [offset + 1, offset]]
+        return blocks.reshape(raw.shape)
+    if fmt in ELEMENT_BYTES:
+        size = ELEMENT_BYTES[fmt]
+        return _rows_of(raw, size, fmt).flip(-1).reshape(raw.shape) if size > 1 else raw
+    known = ", ".join([*GGUF_BLOCK_FIELDS, *ELEMENT_BYTES])
+    raise ValueError(f"no big-endian conversion for weight format {fmt!r}; known: {known}")
+
+
+def _rows_of(raw: torch.Tensor, size: int, fmt: str) -> torch.Tensor:
+    if raw.numel() % size:
+        raise ValueError(f"{raw.numel()} bytes are not a whole number of {fmt} units of {size} bytes")
+    return raw.reshape(-1, size)

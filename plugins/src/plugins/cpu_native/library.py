@@ -1,0 +1,157 @@
+"""Load a CPU plugin's kernel library (native/, the C ABI of the three CPU plugins) through ctypes.
+
+Each plugin builds the same sources into its own library (``plugin_cpu_x86._cx86``,
+``plugin_cpu_arm._carm``, ``plugin_s390x._cs390x``: native/cpu_kernels.cmake), which exports
+every kernel once per ISA variant of its processor as ``ck_<isa>_<kernel>``, plus
+``ck_cpu_features()`` (cpuid on x86, hwcaps on aarch64 and s390x). An :class:`IsaTable`
+names a plugin's library, its feature bits and variants; :class:`NativeLib` binds the
+functions of one variant with their argtypes once, so a kernel call is a single ctypes
+call on integer data pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from ctypes import c_float, c_int, c_long, c_void_p
+from dataclasses import dataclass
+
+from plugins.errors import PlatformUnavailable
+
+DTYPE_F32, DTYPE_BF16 = 0, 1
+Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
+#: a format repacked in groups of 8 rows (native/src/quant.cpp, int8 activations): its code + X8
+X8 = 8
+
+
+@dataclass(frozen=True)
+class IsaTable:
+    """What a CPU plugin's kernel library holds (mirrors native/src/features_<arch>.cpp).
+
+    :param module: the library as an extension module name, e.g. ``"plugin_cpu_arm._carm"``.
+    :param feature_bits: names of ``ck_cpu_features()``'s bits, bit 0 first.
+    :param requirements: the library's variants, best first, with the features each needs.
+    :param choices: ``CPU_KERNEL_ISA`` values -> the variants each may pick, best first
+        (``auto`` is every variant).
+    """
+
+    module: str
+    feature_bits: tuple[str, ...]
+    requirements: dict[str, tuple[str, ...]]
+    choices: dict[str, tuple[str, ...]]
+
+    @property
+    def plugin(self) -> str:
+        """The plugin's package name (``plugin_cpu_arm``)."""
+        return self.module.split(".")[0]
+
+
+_P = c_void_p
+_SIGNATURES = {
+    # dtype, w_dtype, out, res_out, x, x_stride, res, res_stride, w, rows, n, eps, nthreads
+    "rms_norm": (None, [c_int, c_int, _P, _P, _P, c_long, _P, c_long, _P, c_long, c_long, c_float, c_int]),
+    # dtype, cache_dtype, out, x, row_stride, heads, d, pos, cache, rows, nthreads
+    "rotary": (None, [c_int, c_int, _P, _P, c_long, c_long, c_long, _P, _P, c_long, c_int]),
+    # dtype, out, x, x_stride, rows, inter, nthreads
+    "silu_and_mul": (None, [c_int, _P, _P, c_long, c_long, c_long, c_int]),
+    # k, k_stride_bytes, v, v_stride_bytes, k_cache, v_cache, slots, tokens, row_bytes, num_slots
+    "write_kv_cache": (c_long, [_P, c_long, _P, c_long, _P, _P, _P, c_long, c_long, c_long]),
+    # dtype, out, q, q_stride, k_cache, v_cache, starts, seq_lens, tables, table_stride,
+    # tokens, num_seqs, hq, hk, d, block_size, scale, nthreads
+    "paged_attention": (
+        None,
+        [
+            c_int,
+            _P,
+            _P,
+            c_long,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_long,
+            c_float,
+            c_int,
+        ],
+    ),  # fmt: skip
+    "attention_max_head": (c_long, []),
+    "attention_max_group": (c_long, []),
+    # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
+    # (native/src/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
+    "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
+    # decoder, step, nthreads (native/src/decode.cpp; structures in runner.py)
+    "decode": (c_int, [_P, _P, c_int]),
+}
+
+
+def library_path(table: IsaTable) -> str:
+    """Path of the plugin's built kernel library, found like an extension module (works editable).
+
+    :raises PlatformUnavailable: the plugin was installed without it (built on another processor).
+    """
+    spec = importlib.util.find_spec(table.module)
+    if spec is None or not spec.origin:
+        name = table.module.split(".")[1]
+        raise PlatformUnavailable(
+            f"{table.plugin}'s native library {name}.so is missing: reinstall with `pip install ./{table.plugin}` "
+            "on the plugin's processor (needs a C++17 compiler, CMake and OpenMP)"
+        )
+    return spec.origin
+
+
+def load_library(table: IsaTable) -> ctypes.CDLL:
+    """Open the kernel library (torch first, so its OpenMP runtime is the one shared)."""
+    import torch  # noqa: F401  (loads torch's libgomp; ours then resolves to the same runtime)
+
+    return ctypes.CDLL(library_path(table))
+
+
+def cpu_features(table: IsaTable, lib: ctypes.CDLL) -> list[str]:
+    """The CPU features the library detects, as names of ``table.feature_bits``."""
+    lib.ck_cpu_features.restype = c_int
+    bits = lib.ck_cpu_features()
+    return [name for i, name in enumerate(table.feature_bits) if bits >> i & 1]
+
+
+def select_isa(table: IsaTable, choice: str, features: list[str]) -> str:
+    """The best library variant allowed by ``choice`` (CPU_KERNEL_ISA) that the CPU runs.
+
+    :raises ValueError: ``choice`` is unknown or needs features the CPU lacks.
+    """
+    if choice not in table.choices:
+        raise ValueError(f"CPU_KERNEL_ISA={choice!r} is not one of: {', '.join(table.choices)}")
+    for isa in table.choices[choice]:
+        if all(f in features for f in table.requirements[isa]):
+            return isa
+    need = table.requirements[table.choices[choice][-1]]
+    raise ValueError(
+        f"CPU_KERNEL_ISA={choice!r} needs {', '.join(need)} but this CPU has only {', '.join(features) or 'none'}"
+    )
+
+
+class NativeLib:
+    """The kernels of one ISA variant, bound as attributes (``lib.rms_norm(...)``)."""
+
+    def __init__(self, table: IsaTable, choice: str = "auto") -> None:
+        self.cdll = load_library(table)
+        self.features = cpu_features(table, self.cdll)
+        self.isa = select_isa(table, choice, self.features)
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(self.cdll, f"ck_{self.isa}_{name}")
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)
+        self.max_head = self.attention_max_head()
+        self.max_group = self.attention_max_group()
+
+    def bind_threads(self, cpus: list[int]) -> int:
+        """Pin OpenMP thread ``i`` of the calling thread's pool to ``cpus[i]``; returns failures."""
+        arr = (c_int * len(cpus))(*cpus)
+        return self.cdll.ck_bind_threads(arr, len(cpus))

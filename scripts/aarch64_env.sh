@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# An aarch64 Python 3.11 for qemu-user, cached under build/aarch64-env (rebuilt only when
+# missing): Debian bookworm's arm64 python3.11 packages unpacked into root/ (apt-get
+# download with its own state directory: the host's dpkg keeps its architectures), the
+# project's pure-Python distributions and plugin_cpu_arm (its kernel library cross-built
+# with native/toolchains/aarch64.cmake) installed into site/.
+#
+#   scripts/aarch64_env.sh            build (or reuse) the environment
+#   scripts/aarch64_env.sh run ARGS   run the aarch64 python with ARGS under qemu-aarch64
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ENV_DIR=${AARCH64_ENV:-$PWD/build/aarch64-env}
+ROOT=$ENV_DIR/root
+SITE=$ENV_DIR/site
+QEMU_CPU=${QEMU_CPU:-max}
+
+run() {
+    PYTHONHOME=$ROOT/usr PYTHONPATH=$SITE PYTHONNOUSERSITE=1 QEMU_LD_PREFIX=$ROOT QEMU_CPU=$QEMU_CPU \
+        qemu-aarch64 "$ROOT/usr/bin/python3.11" "$@"
+}
+if [ "${1:-}" = run ]; then
+    shift
+    run "$@"
+    exit
+fi
+
+# python3.11 and the libraries its modules load (not dbm/nis's); unpacked, not installed
+PACKAGES="python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libc6 libexpat1 zlib1g libssl3 libffi8
+libbz2-1.0 liblzma5 libsqlite3-0 libncursesw6 libtinfo6 libreadline8 libuuid1 libgcc-s1 libstdc++6 libgomp1
+libcrypt1 media-types"
+if [ ! -x "$ROOT/usr/bin/python3.11" ]; then
+    command -v qemu-aarch64 >/dev/null || { apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null; }
+    apt_dir=$ENV_DIR/apt
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
+    touch "$apt_dir/status"
+    apt=(apt-get -qq -o "Dir::State=$apt_dir" -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::State::status=$apt_dir/status"
+         -o "Dir::Cache=$apt_dir" -o "APT::Sandbox::User=root" -o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
+    "${apt[@]}" update
+    (cd "$apt_dir/debs" && "${apt[@]}" download $PACKAGES)
+    mkdir -p "$ROOT"
+    for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$ROOT"; done
+fi
+run -c 'import platform, sys; print("aarch64 python", sys.version.split()[0], platform.machine())'
+
+# the site is rebuilt when a source it is made from changes
+key=$(find plugins/src core/src plugin_cpu_arm/src plugin_cpu_arm/pyproject.toml plugin_cpu_arm/CMakeLists.txt \
+    native/src native/*.cmake -type f \
+    -not -name '*.pyc' -not -path '*egg-info*' | sort | xargs sha1sum | sha1sum | cut -c1-16)
+if [ "$(cat "$SITE/.installed" 2>/dev/null)" != "$key" ]; then
+    rm -rf "$SITE"
+    # pure-Python distributions (the wheels pip builds here are py3-none-any) and pluggy
+    python3 -m pip install -q --root-user-action=ignore --no-deps --target "$SITE" ./plugins ./core pluggy
+    # plugin_cpu_arm with its library cross-built for aarch64 (scikit-build-core passes CMAKE_ARGS to CMake)
+    CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$PWD/native/toolchains/aarch64.cmake" \
+        python3 -m pip install -q --root-user-action=ignore --no-deps --target "$SITE" ./plugin_cpu_arm
+    echo "$key" >"$SITE/.installed"
+fi
