@@ -31,6 +31,18 @@ ARCHS = {
     ),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
+    # local layers with a window of 8 (shorter than most prompts) around a global one
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 16,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
 }
 PROMPTS = [
     [5, 17, 200, 3],

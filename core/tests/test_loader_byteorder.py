@@ -48,9 +48,11 @@ CONFIG = SimpleNamespace(
 )
 
 
-def _load(path, byte_order: str, plan: ShardPlan | None = None) -> dict[str, torch.Tensor | GGUFWeight]:
+def _load(
+    path, byte_order: str, plan: ShardPlan | None = None, keep_gguf: bool = True
+) -> dict[str, torch.Tensor | GGUFWeight]:
     index = GGUFIndex(path, {"general.architecture": "llama"}, GGUFIndex._parse(path).tensors)
-    return dict(gguf_weights(index, CONFIG, True, torch.float32, torch.device("cpu"), plan, byte_order))
+    return dict(gguf_weights(index, CONFIG, keep_gguf, torch.float32, torch.device("cpu"), plan, byte_order))
 
 
 def _dequantize_big_endian(weight: GGUFWeight) -> np.ndarray:
@@ -105,6 +107,24 @@ def test_each_ranks_window_is_converted(gguf_file):
             else:
                 assert cut is None
                 np.testing.assert_array_equal(part.numpy().view(">f4"), norm)
+
+
+def test_each_ranks_window_dequantizes_to_its_part(gguf_file):
+    """Dequantized (kernels that take no GGUF weights), a rank's window of rows, or of whole
+    blocks of columns, holds that part of the whole tensor's values."""
+    whole = _load(gguf_file[0], "little", keep_gguf=False)
+    for rank in range(2):
+        plan = ShardPlan(CONFIG, 16, rank, 2)
+        for name, part in _load(gguf_file[0], "little", plan, keep_gguf=False).items():
+            cut = plan.slice_for(name)
+            expected = (
+                whole[name]
+                if cut is None
+                else whole[name][cut.start : cut.stop]
+                if cut.dim == 0
+                else whole[name][:, cut.start : cut.stop]
+            )
+            assert torch.equal(part, expected), f"rank {rank} {name}"
 
 
 def test_unknown_byte_order_is_named(gguf_file):

@@ -120,3 +120,65 @@ def test_half_precision_close_to_fp32(dtype, tmp_path):
     reference = hf_logits(hf_model, PROMPTS[0])[-1]
     torch.testing.assert_close(logits, reference, atol=0.05 * reference.abs().max().item(), rtol=0)
     assert logits.argmax().item() == reference.argmax().item()
+
+
+# -- Gemma 3: local (sliding-window) and global layers; windows smaller than the prompts
+GEMMA_PROMPTS = [
+    [5, 17, 33, 9, 100, 41, 7],
+    [3, 150],
+    [int(x) for x in torch.randint(3, 160, (23,), generator=torch.Generator().manual_seed(1))],
+]
+
+
+def tiny_gemma3_config(**overrides) -> transformers.Gemma3TextConfig:
+    fields = dict(
+        vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=12,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        },
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, architectures=["Gemma3ForCausalLM"],
+    )  # fmt: skip
+    return transformers.Gemma3TextConfig(**{**fields, **overrides})
+
+
+def save_gemma(config, directory) -> transformers.PreTrainedModel:
+    """A random Gemma 3 folder whose norms are not all zeros (Gemma's ``1 + w`` then matters)."""
+    hf_model = save_tiny(config, directory)
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            if "norm" in name:
+                param.normal_(0, 0.3)
+    hf_model.save_pretrained(directory)
+    return hf_model
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_gemma3_matches_transformers(softcap, tmp_path):
+    hf_model = save_gemma(tiny_gemma3_config(final_logit_softcapping=softcap), tmp_path)
+    loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float32, device=torch.device("cpu"))
+    assert type(loaded.model).__name__ == "Gemma3ForCausalLM"
+    assert loaded.max_model_len == 128  # not capped at the window: the local layers apply it
+    windows = [layer.self_attn.sliding_window for layer in loaded.model.layers]
+    assert windows == [5, None, 5]
+    check_parity(hf_model, loaded, GEMMA_PROMPTS, block_size=4)
+    check_parity(hf_model, loaded, [GEMMA_PROMPTS[2]], block_size=16)
+    # the windows matter: attending to more than 5 positions gives other logits
+    for layer in loaded.model.layers:
+        layer.self_attn.sliding_window = layer.self_attn.sliding_window and 6
+    with pytest.raises(AssertionError):
+        check_parity(hf_model, loaded, [GEMMA_PROMPTS[2]], block_size=4)
+
+
+def test_gemma3_bad_configs_are_named(tmp_path):
+    from core.models import build_model
+
+    with pytest.raises(ValueError, match="layer_types"):
+        build_model(tiny_gemma3_config(layer_types=["sliding_attention", "chunked_attention", "full_attention"]), Kernels(),
+                    torch.float32, torch.device("cpu"))  # fmt: skip
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        build_model(tiny_gemma3_config(attn_logit_softcapping=50.0), Kernels(), torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="Gemma 3 does not support tensor parallelism"):
+        build_model(tiny_gemma3_config(), Kernels(), torch.float32, torch.device("cpu"), comm=object())

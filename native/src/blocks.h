@@ -8,7 +8,9 @@
 
 // weight formats, shared with Python (plugins/src/plugins/cpu_native/library.py)
 // CK_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
-enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4 };
+// CK_Q4_K, CK_Q5_K, CK_Q6_K: GGUF K-quant super-blocks of 256 values, read 32 at a time
+// (matvec.cpp only: float activations)
+enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4, CK_Q4_K = 5, CK_Q5_K = 6, CK_Q6_K = 7 };
 // the same formats repacked (x8 code = row code + CK_X8)
 enum { CK_X8 = 8, CK_Q8_0X8 = 8, CK_Q4_0X8 = 9, CK_Q4_1X8 = 10, CK_INT8X8 = 11 };
 
@@ -23,7 +25,51 @@ static inline long block_bytes(int qt) {
   qt = is_x8(qt) ? qt - CK_X8 : qt;
   return qt == CK_Q8_0 ? 34 : qt == CK_Q4_0 ? 18 : qt == CK_Q4_1 ? 20 : qt == CK_F32W ? 128 : 32;
 }
-static inline long row_bytes(int qt, long k) { return k / kBlock * block_bytes(qt); }
+static const int kSuper = 256;  // values of a K-quant super-block
+static inline bool is_k(int qt) { return qt == CK_Q4_K || qt == CK_Q5_K || qt == CK_Q6_K; }
+static inline long super_bytes(int qt) { return qt == CK_Q4_K ? 144 : qt == CK_Q5_K ? 176 : 210; }
+static inline long row_bytes(int qt, long k) {
+  return is_k(qt) ? k / kSuper * super_bytes(qt) : k / kBlock * block_bytes(qt);
+}
+
+// The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K super-block (12 packed bytes).
+static inline void k_scale_min(const uint8_t *sc, int s, float *scale, float *min) {
+  if (s < 4) {
+    *scale = (float)(sc[s] & 63);
+    *min = (float)(sc[s + 4] & 63);
+  } else {
+    *scale = (float)((sc[s + 4] & 0x0f) | ((sc[s - 4] >> 6) << 4));
+    *min = (float)((sc[s + 4] >> 4) | ((sc[s] >> 6) << 4));
+  }
+}
+
+// Values 32 b .. 32 b + 31 of a K-quant row, as the GGUF reference dequantizes them:
+// Q4_K/Q5_K (d * scale) * q - dmin * min; Q6_K (d * scale) * (q - 32), a scale per 16.
+template <int QT>
+static inline void decode_k(const uint8_t *row, long b, float *w) {
+  const uint8_t *p = row + b / 8 * super_bytes(QT);
+  const int s = (int)(b % 8);
+  if (QT == CK_Q6_K) {
+    const int h = s / 4, g = s % 4;
+    const uint8_t *ql = p + 64 * h + (g & 1) * 32, *qh = p + 128 + 32 * h;
+    const int8_t *sc = (const int8_t *)(p + 192);
+    const float d = read_half(p + 208);
+    for (int l = 0; l < 32; ++l) {
+      const int lo = g < 2 ? ql[l] & 0x0f : ql[l] >> 4, hi = (qh[l] >> (2 * g)) & 3;
+      w[l] = d * (float)sc[8 * h + 2 * g + l / 16] * (float)((lo | (hi << 4)) - 32);
+    }
+    return;
+  }
+  float scale, min;
+  k_scale_min(p + 4, s, &scale, &min);
+  const float d = read_half(p) * scale, m = read_half(p + 2) * min;
+  const uint8_t *qs = p + (QT == CK_Q4_K ? 16 : 48) + 32 * (s / 2);
+  for (int l = 0; l < 32; ++l) {
+    int q = s % 2 ? qs[l] >> 4 : qs[l] & 0x0f;
+    if (QT == CK_Q5_K) q |= ((p[16 + l] >> s) & 1) << 4;
+    w[l] = d * (float)q - m;
+  }
+}
 static inline float load_any(const void *p, int dt, long i) {
   return dt == CK_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
 }

@@ -16,9 +16,16 @@ static const int kRows = 8;    // activation rows sharing one decode of a weight
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
 
 #if defined(CK_V8)
-// the dequantized block as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
+// block b of a weight row, dequantized as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
 template <int QT>
-static inline void decode_block(const uint8_t *p, v8 w[4]) {
+static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
+  if (is_k(QT)) {
+    alignas(32) float f[kBlock];
+    decode_k<QT>(row, b, f);
+    for (int j = 0; j < 4; ++j) w[j] = v8_load(f + 8 * j);
+    return;
+  }
+  const uint8_t *p = row + b * block_bytes(QT);
   if (QT == CK_F32W) {
     for (int j = 0; j < 4; ++j) w[j] = v8_load((const float *)p + 8 * j);
     return;
@@ -62,7 +69,7 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
     for (int a = 0; a < A; ++a) acc[t][a] = v8_zero();
   for (long b = 0; b < nb; ++b) {
     v8 w[4];
-    decode_block<QT>(wr + b * block_bytes(QT), w);
+    decode_block<QT>(wr, b, w);
     for (int t = 0; t < TT; ++t) {
       const float *xb = x + t * xs + b * kBlock;
       for (int j = 0; j < 4; ++j) acc[t][j % A] = v8_fma(w[j], v8_load(xb + 8 * j), acc[t][j % A]);
@@ -76,7 +83,12 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 }
 #else
 template <int QT>
-static inline void decode_block(const uint8_t *p, float *w) {
+static inline void decode_block(const uint8_t *row, long b, float *w) {
+  if (is_k(QT)) {
+    decode_k<QT>(row, b, w);
+    return;
+  }
+  const uint8_t *p = row + b * block_bytes(QT);
   if (QT == CK_F32W) {
     memcpy(w, p, kBlock * sizeof(float));
     return;
@@ -106,7 +118,7 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
   float acc[TT][8] = {};
   for (long b = 0; b < nb; ++b) {
     float w[kBlock];
-    decode_block<QT>(wr + b * block_bytes(QT), w);
+    decode_block<QT>(wr, b, w);
     for (int t = 0; t < TT; ++t)
       for (int i = 0; i < kBlock; ++i) acc[t][i % 8] += w[i] * x[t * xs + b * kBlock + i];
   }
@@ -189,7 +201,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
         for (long r = 0; r < rw && QT != CK_F32W; ++r)
           for (long b = 0; b < nb; ++b) {
             v8 v[4];
-            decode_block<QT>(w + (j + r) * rb + b * block_bytes(QT), v);
+            decode_block<QT>(w + (j + r) * rb, b, v);
             for (int q = 0; q < 4; ++q) v8_store(wp + r * k + b * kBlock + 8 * q, v[q]);
           }
         float scale[kPanelW], bj[kPanelW];
@@ -267,6 +279,9 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
     case CK_Q4_0: return matmul_float_act<CK_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q4_1: return matmul_float_act<CK_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_F32W: return matmul_float_act<CK_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_K: return matmul_float_act<CK_Q4_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_K: return matmul_float_act<CK_Q5_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q6_K: return matmul_float_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }
@@ -279,7 +294,8 @@ extern "C" {
 
 // out[rows, n] (dtype, contiguous) = x[rows, k] (dtype, row stride x_stride) @ W^T
 // (+ bias), float32 accumulation on float32 activations. W: n rows in format qt;
-// row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32.
+// row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32 (of 256
+// for the K-quants).
 // qt CK_F32W: W is a plain row-major float32 matrix.
 // Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,

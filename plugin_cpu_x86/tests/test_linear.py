@@ -1,4 +1,4 @@
-"""Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1) vs torch on the dequantized weights.
+"""Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) vs torch on the dequantized weights.
 
 Both native paths, the small-batch kernel (weights dequantized in registers, float32
 activations) and the large-batch one (dequantized tiles + GEMM), must match the
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from plugins.cpu_native.linear import QuantizedWeight
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import GGUFWeight
+from plugins.reference import random_gguf_weight
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1")
 #: (tokens, out, in): decode; row dots of 4 and 5 rows; the panel kernel (>= 7 rows, tiles of
@@ -61,6 +62,17 @@ def check_int8_activations(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, 
     assert rel < 0.02, f"{what}: relative error {rel:.4f} vs the float32 product"
 
 
+def check_gguf_linear(kernels, prepared: QuantizedWeight, w_deq: torch.Tensor, gen, dtype, tokens: int) -> None:
+    """The kernels' product of ``tokens`` random rows with a prepared GGUF weight, with and without a bias."""
+    n, k = prepared.out_features, prepared.in_features
+    x = (torch.randn(tokens, k, generator=gen) * 2).to(dtype)
+    bias = torch.randn(n, generator=gen)
+    out = kernels.linear(x, prepared, None)
+    assert out.dtype == dtype and out.shape == (tokens, n)
+    check(out, x, w_deq, None, f"{prepared.fmt} {tokens}x{k}->{n}")
+    check(kernels.linear(x, prepared, bias), x, w_deq, bias, f"{prepared.fmt} with bias")
+
+
 def gguf_weight(qtype: str, w: np.ndarray) -> GGUFWeight:
     data = gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
     return GGUFWeight(qtype, torch.from_numpy(data), w.shape[0], w.shape[1])
@@ -78,12 +90,26 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
     w_deq = prepared.dequantize()
     ref = torch.from_numpy(gguf.quants.dequantize(prepared.data.numpy(), gguf.GGMLQuantizationType[qtype]))
     assert torch.equal(w_deq, ref)
-    x = (torch.randn(tokens, in_features, generator=gen) * 2).to(dtype)
-    bias = torch.randn(out_features, generator=gen)
-    out = kernels.linear(x, prepared, None)
-    assert out.dtype == dtype and out.shape == (tokens, out_features)
-    check(out, x, w_deq, None, f"{qtype} {tokens}x{in_features}->{out_features}")
-    check(kernels.linear(x, prepared, bias), x, w_deq, bias, f"{qtype} with bias")
+    check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
+
+
+@pytest.mark.parametrize(
+    "dtype,tokens,out_features,in_features",
+    [(torch.float32, 1, 96, 512), (torch.float32, 5, 97, 256), (torch.float32, 9, 98, 768),
+     (torch.float32, 130, 64, 512), (torch.bfloat16, 3, 96, 256), (torch.bfloat16, 14, 96, 256)],
+)  # fmt: skip
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("quantize_activations", [False, True])
+def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype, quantize_activations):
+    """K-quant blocks as stored, on float32 activations (row dots and panels; no int8-activation
+    kernel: with CPU_QUANT_ACTIVATIONS they stay as they are)."""
+    kernels.quantize_activations = quantize_activations
+    weight = random_gguf_weight(qtype, out_features, in_features, seed=tokens, scale=1e-3)
+    prepared = kernels.prepare_linear(weight, "gguf")
+    assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype and not prepared.interleaved
+    w_deq = prepared.dequantize()
+    assert torch.equal(w_deq, weight.dequantize())
+    check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
 
 
 @pytest.mark.parametrize(

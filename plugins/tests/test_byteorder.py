@@ -54,7 +54,7 @@ def test_little_endian_is_the_same_tensor():
 @pytest.mark.parametrize(
     "raw, fmt, order, message",
     [
-        (torch.zeros(34, dtype=torch.uint8), "Q4_K", "big", "no big-endian conversion for weight format 'Q4_K'"),
+        (torch.zeros(34, dtype=torch.uint8), "IQ2_XS", "big", "no big-endian conversion for weight format 'IQ2_XS'"),
         (torch.zeros(35, dtype=torch.uint8), "Q8_0", "big", "35 bytes are not a whole number of Q8_0"),
         (torch.zeros(4, dtype=torch.uint8), "F32", "middle", "byte order 'middle'"),
         (torch.zeros(4, dtype=torch.float32), "F32", "big", "expected the raw bytes as uint8"),

@@ -118,18 +118,20 @@ class CudaKernels(Kernels):
 
         ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
 
-    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale):
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale, sliding_window=None):
         """Triton attention: the split-K decode path when every query length is 1, else prefill.
 
         Grids depend only on host sizes (``num_seqs``, ``max_query_len``,
-        ``max_seq_len``); lengths and block tables are read on the device.
+        ``max_seq_len``); lengths and block tables are read on the device. Sliding-window
+        layers run the torch reference.
         """
         if (
-            self.attention_backend != "triton"
+            sliding_window is not None
+            or self.attention_backend != "triton"
             or not _unit_last_stride(q, k_cache, v_cache)
             or k_cache.stride() != v_cache.stride()
         ):
-            return super().paged_attention(q, k_cache, v_cache, meta, scale)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
         from plugin_cuda import attention
         from plugin_cuda.splits import plan_decode_splits
 

@@ -14,8 +14,18 @@ from __future__ import annotations
 
 import torch
 
-#: GGUF block formats the kernels take: (bytes per block of 32, offsets of its f16 fields)
-GGUF_BLOCK_FIELDS = {"Q8_0": (34, (0,)), "Q4_0": (18, (0,)), "Q4_1": (20, (0, 2))}
+#: GGUF block formats: (bytes per block, offsets of its f16 fields). Other multi-byte fields
+#: (Q5_0/Q5_1's 32 high bits) stay in the file's order: :mod:`plugins.gguf_quants` reads them byte by byte.
+GGUF_BLOCK_FIELDS = {
+    "Q8_0": (34, (0,)),
+    "Q4_0": (18, (0,)),
+    "Q4_1": (20, (0, 2)),
+    "Q5_0": (22, (0,)),
+    "Q5_1": (24, (0, 2)),
+    "Q4_K": (144, (0, 2)),
+    "Q5_K": (176, (0, 2)),
+    "Q6_K": (210, (208,)),
+}
 #: plain element formats: bytes per element
 ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "F64": 8}
 

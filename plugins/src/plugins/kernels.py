@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from plugins.attention import AttentionMetadata
 from plugins.errors import UnsupportedFeature
+from plugins.gguf_quants import dequantize
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class GGUFWeight:
     data: torch.Tensor
     rows: int
     cols: int
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[rows, cols]`` on ``data``'s device (the SDK's torch reference, :mod:`plugins.gguf_quants`).
+
+        :raises UnsupportedFeature: for a type without a reference dequantization.
+        """
+        return dequantize(self.qtype, self.data, self.rows, self.cols)
 
 
 class Kernels:
@@ -78,6 +86,11 @@ class Kernels:
         gate, up = x.float().chunk(2, dim=-1)
         return (F.silu(gate) * up).to(x.dtype)
 
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``gelu(x[:, :I], approximate="tanh") * x[:, I:]`` for ``x [T, 2I]`` (Gemma's MLP)."""
+        gate, up = x.float().chunk(2, dim=-1)
+        return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
+
     def write_kv_cache(
         self,
         k: torch.Tensor,
@@ -106,13 +119,15 @@ class Kernels:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Causal attention of ``q [T, Hq, D]`` over each sequence's cached K/V.
 
         The keys and values of this step's tokens are already in the cache
         (:meth:`write_kv_cache` runs first). Query ``i`` of a sequence with ``query_len``
-        new tokens and ``seq_len`` context sees keys ``0 ... seq_len - query_len + i``.
-        GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns
+        new tokens and ``seq_len`` context, at position ``p = seq_len - query_len + i``,
+        sees keys ``0 ... p``; with a ``sliding_window`` ``W`` (a layer's local attention)
+        only the last ``W`` of them, ``p - W + 1 ... p``. GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns
         ``[T, Hq, D]`` in ``q``'s dtype.
         """
         out = torch.empty_like(q)
@@ -134,7 +149,10 @@ class Kernels:
             scores = torch.matmul(query, keys.transpose(1, 2)) * scale  # [Hq, Q, S]
             q_pos = torch.arange(s_len - q_len, s_len, device=q.device).unsqueeze(1)
             k_pos = torch.arange(s_len, device=q.device).unsqueeze(0)
-            scores.masked_fill_(k_pos > q_pos, float("-inf"))
+            hidden = k_pos > q_pos
+            if sliding_window is not None:
+                hidden |= k_pos <= q_pos - sliding_window
+            scores.masked_fill_(hidden, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             out[start : start + q_len] = torch.matmul(probs, values).transpose(0, 1).to(q.dtype)
             start += q_len

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+from plugins.byteorder import GGUF_BLOCK_FIELDS
 from plugins.config import EngineConfigView
+from plugins.gguf_quants import FORMATS
+from plugins.kernels import GGUFWeight
 from plugins.platform import Platform
 
 #: the tiny random decoder of the end-to-end tests: transformers config arguments that
@@ -47,3 +52,17 @@ def engine_config(**overrides: Any) -> EngineConfigView:
         enforce_eager=False, kv_cache_bytes=None, gpu_memory_utilization=0.9, served_model_name=None,
     )  # fmt: skip
     return EngineConfigView(**{**fields, **overrides})
+
+
+def random_gguf_weight(qtype: str, rows: int, cols: int, seed: int = 0, scale: float = 0.05) -> GGUFWeight:
+    """``rows`` rows of ``qtype`` blocks with random bytes in every field, for kernel and loader
+    tests (the ``gguf`` package cannot quantize to the K-quants); the float16 scales are finite,
+    drawn from ``N(0, scale)`` (random bytes there could be NaN or inf)."""
+    size, f16_offsets = GGUF_BLOCK_FIELDS[qtype]
+    blocks = cols // FORMATS[qtype][0]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (rows, blocks, size), dtype=np.uint8)
+    for offset in f16_offsets:
+        scales = rng.normal(0, scale, (rows, blocks)).astype(np.float16)
+        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, blocks, 2)
+    return GGUFWeight(qtype, torch.from_numpy(data.reshape(rows, -1)), rows, cols)

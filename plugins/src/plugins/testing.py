@@ -383,6 +383,15 @@ class PlatformConformance:
         layout = "fused qkv views" if fused else "contiguous"
         self._assert_close(got, expected, dtype_name, f"paged_attention ({layout})")
 
+    @pytest.mark.parametrize("window", [1, 5, 40])
+    def test_paged_attention_sliding_window(self, device_plat, ref, gen, dtype_name, window) -> None:
+        """A local layer's window (Gemma 3): each query sees only its last ``window`` positions."""
+        meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [7, 1, 30, 1], [7, 100, 45, 33], 2, 64, 16)
+        q = self._heads(meta.num_tokens, (4, 2, 2), 64, dtype_name, device_plat.torch_device(), gen, False)[0]
+        got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window)
+        expected = ref.paged_attention(q.float(), k_cache.float(), v_cache.float(), meta, 0.125, sliding_window=window)
+        self._assert_close(got, expected, dtype_name, f"paged_attention (sliding window {window})")
+
     # -- memory profiler and runner ------------------------------------------------------------
     def test_memory_profiler(self, device_plat) -> None:
         from plugins.memory import KVCachePlan

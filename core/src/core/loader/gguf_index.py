@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import torch
 from plugins.byteorder import to_host_order
+from plugins.gguf_quants import FORMATS, dequantize
 
 from core.loader.cache import cache_root, file_key
 
@@ -134,6 +135,9 @@ class GGUFIndex:
         raw = self.raw(name, rows, byte_cols, byte_order)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
+        elif info.qtype in FORMATS:  # the SDK's torch dequantization (bit-exact with gguf.quants, faster)
+            block, size, _ = FORMATS[info.qtype]
+            values = dequantize(info.qtype, raw, raw.shape[0], raw.shape[-1] // size * block)
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[info.qtype]))
         shape = (-1,) if len(info.shape) == 1 else (raw.shape[0], -1) if len(info.shape) == 2 else info.shape

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
+from transformers import AutoTokenizer, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
 
 from core.distributed.sharding import ShardPlan, gguf_byte_columns
 from core.loader.cache import cache_root, file_key
@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 _ARCHITECTURES = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),
     "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "gemma3": (Gemma3TextConfig, "Gemma3ForCausalLM"),
 }
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -42,6 +43,16 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 names its pre-MLP norm ffn_norm and has two more norms a layer, and q/k norms
+_GEMMA3_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_BLOCK_NAMES_BY_ARCH = {"gemma3": _GEMMA3_BLOCK_NAMES}
 # parts that the model fuses into one linear: they must share a quantization type
 _FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
@@ -61,14 +72,20 @@ def gguf_config(index: GGUFIndex) -> Any:
         rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
     elif scaling_type != "none":
         raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported; supported: none, linear")
+    extra = {}
+    if arch == "gemma3":  # transformers' defaults for the rest (query_pre_attn_scalar, the layer pattern)
+        extra = {"sliding_window": meta.get(f"{arch}.attention.sliding_window", 4096)}
     return config_class(
+        **extra,
         vocab_size=index.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
         intermediate_size=meta[f"{arch}.feed_forward_length"],
         num_hidden_layers=meta[f"{arch}.block_count"],
         num_attention_heads=num_heads,
         num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", num_heads),
-        head_dim=meta.get(f"{arch}.rope.dimension_count", hidden // num_heads),
+        head_dim=meta.get(
+            f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // num_heads)
+        ),
         max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
         rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -80,12 +97,13 @@ def gguf_config(index: GGUFIndex) -> Any:
     )
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
     if gguf_name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    names = _BLOCK_NAMES_BY_ARCH.get(arch, _BLOCK_NAMES)
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -121,19 +139,24 @@ def gguf_weights(
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
     With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
+    Gemma norms are stored as llama.cpp applies them, ``1 + w``: ``w`` is given back, as
+    Hugging Face checkpoints hold it.
     """
-    unpermute = index.metadata.get("general.architecture") == "llama"
+    arch = index.metadata.get("general.architecture")
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     for name in tqdm(index.tensors, desc="Loading GGUF weights", unit="tensor"):
-        hf_name = _hf_name(name)
+        hf_name = _hf_name(name, arch)
         if hf_name is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
         keep = keep_gguf and _keep_quantized(index, name)
-        yield hf_name, _read(index, name, hf_name, keep, dtype, device, plan, heads if unpermute else {}, byte_order)
+        yield hf_name, _read(index, name, hf_name, keep, arch, dtype, device, plan, heads, byte_order)
         info = index.tensors[name]
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
-            yield "lm_head.weight", _read(index, name, "lm_head.weight", True, dtype, device, plan, {}, byte_order)
+            yield (
+                "lm_head.weight",
+                _read(index, name, "lm_head.weight", True, arch, dtype, device, plan, {}, byte_order),
+            )
 
 
 def _read(
@@ -141,14 +164,15 @@ def _read(
     name: str,
     hf_name: str,
     quantized: bool,
+    arch: str | None,
     dtype: torch.dtype,
     device: torch.device,
     plan: ShardPlan | None,
     heads: dict[str, int],
     byte_order: str,
 ) -> torch.Tensor | GGUFWeight:
-    """One tensor (this rank's slice of it), in its stored form or dense, llama q/k rows unpermuted,
-    its numbers in ``byte_order``."""
+    """One tensor (this rank's slice of it), in its stored form or dense, its numbers in
+    ``byte_order``; llama q/k rows unpermuted, Gemma norms ``w`` (llama.cpp stores ``1 + w``)."""
     info = index.tensors[name]
     part = plan.slice_for(hf_name) if plan is not None else None
     rows, byte_cols, num_cols = slice(None), slice(None), info.shape[-1]
@@ -160,7 +184,7 @@ def _read(
             num_cols = part.stop - part.start
     kind = name.split(".")[2] if name.startswith("blk.") else ""
     order = None
-    if kind in heads:  # llama.cpp permuted q/k rows within each head: a rank's heads are whole
+    if arch == "llama" and kind in heads:  # llama.cpp permuted q/k rows in each head; a rank's heads are whole
         num_rows = len(range(info.shape[0])[rows])
         order = _unpermute_rows(num_rows, heads[kind] * num_rows // info.shape[0])
     if quantized:
@@ -171,6 +195,8 @@ def _read(
     values = values[order] if order is not None else values
     if part is not None and part.zero:
         values = torch.zeros_like(values)
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        values = values - 1
     # rope frequency divisors stay float32: they feed the cos/sin table, not a matmul
     return values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
 

@@ -183,10 +183,12 @@ def _finish(
 
 
 def _max_model_len(config: Any) -> int:
-    """``max_position_embeddings``, capped at the sliding window where one applies (our attention is full)."""
+    """``max_position_embeddings``, capped at the sliding window where one applies and the
+    model class attends to the whole context instead (models with per-layer windows do not)."""
     limit = config.max_position_embeddings
     window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and window < limit:
+    windowed = get_model_class(getattr(config, "architectures", None)).sliding_window_layers
+    if window and getattr(config, "use_sliding_window", True) and window < limit and not windowed:
         logger.info("capping max_model_len at the sliding window %d (was %d)", window, limit)
         limit = window
     return limit

@@ -123,22 +123,42 @@ class Attention(nn.Module):
         head_size: int,
         qkv_bias: bool,
         o_bias: bool,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        qk_norm_eps: float | None = None,
         tp: TensorParallel | None = None,
     ) -> None:
-        """``num_heads``/``num_kv_heads``: this rank's heads; ``tp`` sums the row-parallel output."""
+        """``num_heads``/``num_kv_heads``: this rank's heads.
+
+        :param scale: the softmax scale (default ``head_size ** -0.5``).
+        :param sliding_window: attend to the last ``sliding_window`` positions only (a local layer).
+        :param qk_norm_eps: RMS-normalize each head of q and k before the rotation (Gemma 3).
+        :param tp: sums the row-parallel output over tensor-parallel ranks.
+        """
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
         self.kernels = kernels
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.q_size = num_heads * head_size
         self.kv_size = num_kv_heads * head_size
-        self.scale = head_size**-0.5
+        self.scale = head_size**-0.5 if scale is None else scale
+        self.sliding_window = sliding_window
         self.qkv_proj = Linear(kernels, hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(kernels, self.q_size, hidden_size, o_bias)
         self.tp = tp
+        self.q_norm = RMSNorm(kernels, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(kernels, qk_norm_eps) if qk_norm_eps is not None else None
+
+    @classmethod
+    def from_config(cls, config: Any, kernels: Kernels, head_size: int, **options: Any) -> Attention:
+        """Attention with the sizes of a Hugging Face ``config``; ``options`` as for the constructor."""
+        hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        return cls(kernels, hidden, heads, kv_heads, head_size, **options)
 
     def forward(
         self,
@@ -155,27 +175,43 @@ class Attention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_size).contiguous()
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.kernels.rotary_embedding(positions, q, k, cos_sin_cache)
         k_cache, v_cache = kv_cache
         self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale)
+        # the window goes only to the layers that have one: kernels written before it keep working
+        window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
+        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, **window)
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return self.tp.all_reduce(out) if self.tp is not None else out
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one linear."""
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one linear.
+
+    ``activation``: a Hugging Face ``hidden_act`` name, ``"silu"`` or ``"gelu_pytorch_tanh"``;
+    ``intermediate_size``: this rank's part; ``tp`` sums the row-parallel down projection.
+    """
 
     def __init__(
-        self, kernels: Kernels, hidden_size: int, intermediate_size: int, bias: bool, tp: TensorParallel | None = None
+        self,
+        kernels: Kernels,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        activation: str = "silu",
+        tp: TensorParallel | None = None,
     ) -> None:
-        """``intermediate_size``: this rank's part; ``tp`` sums the row-parallel down projection."""
         super().__init__()
-        self.kernels = kernels
+        acts = {"silu": kernels.silu_and_mul, "gelu_pytorch_tanh": kernels.gelu_tanh_and_mul}
+        if activation not in acts:
+            raise ValueError(f"unsupported MLP activation {activation!r}; supported: {', '.join(acts)}")
+        self.act_and_mul = acts[activation]
         self.gate_up_proj = Linear(kernels, hidden_size, 2 * intermediate_size, bias)
         self.down_proj = Linear(kernels, intermediate_size, hidden_size, bias)
         self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
         return self.tp.all_reduce(out) if self.tp is not None else out

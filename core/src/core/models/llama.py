@@ -92,6 +92,9 @@ class LlamaForCausalLM(nn.Module):
     (:mod:`core.distributed.sharding`); its KV caches hold its own KV heads.
     """
 
+    #: whether the model's attention honours ``config.sliding_window`` (else the loader caps the length at it)
+    sliding_window_layers = False
+
     def __init__(
         self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
     ) -> None:
@@ -105,17 +108,22 @@ class LlamaForCausalLM(nn.Module):
         self.tp = TensorParallel.build(config, self.head_size, comm)
         self.num_kv_heads = self.tp.plan.num_kv_heads
         qkv_bias, o_bias = self.attention_biases(config)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, kernels, self.head_size, qkv_bias, o_bias, self.tp)
-            for _ in range(self.num_layers)
-        )
+        self.layers = nn.ModuleList(self.make_layer(i, qkv_bias, o_bias) for i in range(self.num_layers))
         self.norm = RMSNorm(kernels, config.rms_norm_eps)
         vocab_part = self.tp.plan.vocab_stop - self.tp.plan.vocab_start
         self.lm_head = Linear(kernels, config.hidden_size, vocab_part, has_bias=False)
         self.embed_tokens: torch.Tensor | None = None
-        self.cos_sin_cache = build_cos_sin_cache(
-            config, self.head_size, config.max_position_embeddings, dtype, self.device
+        self.cos_sin_cache = self.rope_table()
+
+    def rope_table(self) -> torch.Tensor:
+        """The rotary cos/sin table of the config (see :func:`core.models.rope.build_cos_sin_cache`)."""
+        return build_cos_sin_cache(
+            self.config, self.head_size, self.config.max_position_embeddings, self.dtype, self.device
         )
+
+    def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
+        """Decoder layer ``index`` (empty; weights come with :meth:`load_weights`)."""
+        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp)
 
     @staticmethod
     def attention_biases(config: Any) -> tuple[bool, bool]:
@@ -229,7 +237,7 @@ class LlamaForCausalLM(nn.Module):
                     del pending[(prefix + fused, kind)]
                     module = fused
                 target = prefix + module
-                if module.endswith("layernorm"):
+                if module.endswith(("layernorm", "_norm")):  # the Gemma q/k norms too
                     self.get_submodule(target).weight = tensor
                 elif kind == "bias":
                     biases[target] = tensor

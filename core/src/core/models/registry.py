@@ -8,12 +8,14 @@ from typing import Any
 import torch
 from plugins.kernels import Kernels
 
+from core.models.gemma3 import Gemma3ForCausalLM
 from core.models.llama import LlamaForCausalLM
 from core.models.mistral import MistralForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
 
 MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM]] = MappingProxyType(
     {
+        "Gemma3ForCausalLM": Gemma3ForCausalLM,
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": MistralForCausalLM,
         "Qwen2ForCausalLM": Qwen2ForCausalLM,

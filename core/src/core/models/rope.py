@@ -12,9 +12,14 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-def _rope_settings(config: Any) -> tuple[str, float]:
-    """(rope type, base theta) from a config of transformers 5 (``rope_parameters``) or 4 (``rope_scaling``)."""
+def _rope_settings(config: Any, layer_type: str | None) -> tuple[str, float]:
+    """(rope type, base theta) from a config of transformers 5 (``rope_parameters``) or 4 (``rope_scaling``).
+
+    Models with per-layer-type rope (Gemma 3) nest the parameters under the layer type.
+    """
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     rope_type = params.get("rope_type", params.get("type", "default"))
     theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     return rope_type, float(theta)
@@ -27,22 +32,26 @@ def build_cos_sin_cache(
     dtype: torch.dtype,
     device: torch.device,
     freq_factors: torch.Tensor | None = None,
+    layer_type: str | None = None,
 ) -> torch.Tensor:
     """Return ``[max_position, head_size]``: cos in the first half of each row, sin in the second.
 
     :param freq_factors: optional per-frequency divisors of the inverse frequencies
         (llama.cpp's ``rope_freqs`` tensor, which encodes Llama 3 scaling in GGUF files).
+    :param layer_type: the key of this table's parameters in a per-layer-type
+        ``config.rope_parameters`` (``"sliding_attention"``, ``"full_attention"``).
     """
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(
             f"partial rotary embeddings are not supported (partial_rotary_factor={config.partial_rotary_factor})"
         )
-    rope_type, theta = _rope_settings(config)
+    rope_type, theta = _rope_settings(config, layer_type)
     if rope_type == "default":
         exponents = torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size
         inv_freq, attention_scaling = 1.0 / (theta**exponents), 1.0
     elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **extra)
     else:
         supported = ", ".join(["default", *sorted(k for k in ROPE_INIT_FUNCTIONS if k != "dynamic")])
         raise ValueError(f"rope type {rope_type!r} is not supported; supported: {supported}")

@@ -8,6 +8,7 @@ bound once at construction, on the tensors' data pointers.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -15,6 +16,8 @@ from plugins.attention import AttentionMetadata
 from plugins.cpu_native.library import IsaTable, NativeLib
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
+
+logger = logging.getLogger(__name__)
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -55,6 +58,7 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         self.lib = NativeLib(table, isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
+        self._logged_window = False
 
     @property
     def isa(self) -> str:
@@ -155,7 +159,13 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
+        if sliding_window is not None:  # the native kernel attends to the whole context
+            if not self._logged_window:
+                logger.info("native CPU kernels: sliding-window attention layers run the torch reference kernel")
+                self._logged_window = True
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
         dt = NATIVE_DTYPES.get(q.dtype)
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]

@@ -20,6 +20,8 @@ from plugins.errors import PlatformUnavailable
 
 DTYPE_F32, DTYPE_BF16 = 0, 1
 Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
+#: GGUF K-quants (native/src/blocks.h): float32-activation kernels only, never repacked
+Q4_K, Q5_K, Q6_K = 5, 6, 7
 #: a format repacked in groups of 8 rows (native/src/quant.cpp, int8 activations): its code + X8
 X8 = 8
 

@@ -1,13 +1,14 @@
-"""Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1).
+"""Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
 
 By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
 multiplies them into the float32 activations, so the result is the float32 product with
 the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
 repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
-activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact).
-Other GGUF types (Q4_K, Q6_K, ...) are dequantized once at load with
-``gguf.quants.dequantize``.
+activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact);
+the K-quants have no x8 kernel and keep float32 activations then. Other GGUF types are
+dequantized once at load: Q5_0/Q5_1 with the SDK's torch reference
+(:mod:`plugins.gguf_quants`), the rest with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q8_0, X8
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, X8
 from plugins.errors import UnsupportedFeature
+from plugins.gguf_quants import FORMATS, dequantize, row_bytes
 from plugins.kernels import GGUFWeight
 
 #: GGUF types kept in their blocks, with their native format code
-NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
+NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+#: bytes of a row's block of 32 in the formats the int8-activation (x8) kernel takes
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 #: bytes of a row's block that are scales (float16 d, and m for Q4_1), before its values
 _SCALE_BYTES = {Q8_0: 2, Q4_0: 2, Q4_1: 4, INT8: 0}
@@ -112,6 +115,8 @@ class QuantizedWeight:
         """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
         if self.code % X8 == INT8:
             return self.rows().float() * self.scales[: self.out_features, None]
+        if self.fmt in FORMATS:
+            return dequantize(self.fmt, self.rows(), self.out_features, self.in_features)
         import gguf
 
         kind = gguf.GGMLQuantizationType[self.fmt]
@@ -133,17 +138,19 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
 
 
 def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
-    """Keep Q8_0/Q4_0/Q4_1 blocks as they are; dequantize every other GGUF type to float32."""
+    """Keep Q8_0/Q4_0/Q4_1 and K-quant blocks as they are; dequantize every other GGUF type to float32 (once, at load)."""
     data = weight.data.reshape(weight.rows, -1).contiguous()
     code = NATIVE_GGUF.get(weight.qtype)
-    if code is not None and weight.cols % 32 == 0:
-        expected = weight.cols // 32 * _BLOCK_BYTES[code]
+    if code is not None and weight.cols % FORMATS[weight.qtype][0] == 0:
+        expected = row_bytes(weight.qtype, weight.cols)
         if data.shape[1] != expected:
             raise ValueError(
                 f"GGUF {weight.qtype} weight [{weight.rows}, {weight.cols}] needs {expected} bytes a row, "
                 f"got {data.shape[1]}"
             )
         return QuantizedWeight(weight.qtype, code, data, None, weight.rows, weight.cols)
+    if weight.qtype in FORMATS:  # Q5_0/Q5_1: the SDK's torch dequantization
+        return weight.dequantize()
     import gguf
 
     try:
@@ -163,7 +170,11 @@ class QuantLinearMixin:
         if isinstance(weight, GGUFWeight) or quantization == "int8":
             prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
             # the x8 kernel takes whole blocks of 32 columns (other widths: linear() dequantizes)
-            if isinstance(prepared, QuantizedWeight) and self.quantize_activations and prepared.in_features % 32 == 0:
+            # of its formats (the K-quants run on float32 activations)
+            if (
+                isinstance(prepared, QuantizedWeight) and self.quantize_activations and prepared.in_features % 32 == 0
+                and prepared.code in _BLOCK_BYTES
+            ):  # fmt: skip
                 return prepared.to_x8()
             return prepared
         if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
