@@ -37,9 +37,10 @@ serve: install
 test: install-test
 	$(PY) -m pytest -q plugins/tests core/tests $(wildcard plugin_*/tests) tests
 
-# the CPU kernels cross-built for aarch64 and s390x and tested under qemu-user (needs no venv)
-test-cross:
-	scripts/test_cross.sh
+# the CPU kernels cross-built for aarch64 and s390x and tested under qemu-user, and the
+# engine on cpu_arm under qemu against cpu_x86 in the venv
+test-cross: install
+	VENV=$(VENV) scripts/test_cross.sh
 
 test-xla:
 	scripts/test-xla.sh

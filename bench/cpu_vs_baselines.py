@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, render_markdown  # noqa: E402
+from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, keep_marked_sections, render_markdown  # noqa: E402
 
 
 def _decode_prompt(vocab: int, seed: int) -> list[int]:
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(a.render).read_text())
         report(data)
         if a.results:
-            Path(a.results).write_text(render_markdown(data))
+            write_results(Path(a.results), data)
         return 0
     if a.part:
         print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
@@ -218,10 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     data["floors"] = best_floors(data["floors"], run_part(a, "floors"))
     report(data)
     if a.results:
-        Path(a.results).write_text(render_markdown(data))
+        write_results(Path(a.results), data)
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
+
+
+def write_results(path: Path, data: dict) -> None:
+    """Rewrite ``path`` with ``data``'s figures, keeping its marked sections (other models' runs)."""
+    path.write_text(keep_marked_sections(path.read_text() if path.exists() else "", render_markdown(data)))
 
 
 def report(data: dict) -> None:

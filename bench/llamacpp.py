@@ -136,10 +136,33 @@ print(json.dumps({"decode_tok_s": best}))
 """
 
 
+_GREEDY = """
+import json, sys
+from llama_cpp import Llama
+model, threads, prompt, n_gen = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False)
+tokens = []
+for tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+    tokens.append(tok)
+    if len(tokens) == n_gen:
+        break
+print(json.dumps({"tokens": tokens}))
+"""
+
+
+def _python_json(python: Path, lib: Path, code: str, *args: str) -> dict:
+    """Run ``code`` in the llama-cpp-python venv; the JSON object on its last line of output."""
+    result = subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True, env=_lib_env(lib))
+    if result.returncode:
+        raise RuntimeError(f"llama-cpp-python failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def python_decode(python: Path, lib: Path, model: str, threads: int, n_gen: int) -> float:
     """Batch-1 decode tok/s of llama-cpp-python (best of two runs; prefill excluded)."""
-    cmd = [str(python), "-c", _DECODE, model, str(threads), str(n_gen)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=_lib_env(lib))
-    if result.returncode:
-        raise RuntimeError(f"llama-cpp-python decode failed: {result.stderr[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])["decode_tok_s"]
+    return _python_json(python, lib, _DECODE, model, str(threads), str(n_gen))["decode_tok_s"]
+
+
+def python_greedy(python: Path, lib: Path, model: str, threads: int, prompt: list[int], n_gen: int) -> list[int]:
+    """The ``n_gen`` greedy token ids llama-cpp-python generates after ``prompt`` (EOS not special)."""
+    return _python_json(python, lib, _GREEDY, model, str(threads), json.dumps(prompt), str(n_gen))["tokens"]

@@ -112,7 +112,7 @@ def extra_rows(d: dict) -> list[list[str]]:
     return rows
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
@@ -151,8 +151,33 @@ def render_markdown(d: dict) -> str:
         "Written by `bench/cpu_vs_baselines.py`; rerun it to refresh every figure below (one invocation, same machine, "
         "same model, same thread count).",
         "\n".join(f"- {line}" for line in about),
-        "## Physical limits\n\n" + _md_table(["quantity", "value"], floors_rows(d)),
-        "## Comparison\n\n" + _md_table(COMPARE_HEADER, compare_rows(d)),
-        "## Other figures\n\n" + _md_table(["figure", "value"], extra_rows(d) or [["-", "-"]]),
+        "## Physical limits\n\n" + md_table(["quantity", "value"], floors_rows(d)),
+        "## Comparison\n\n" + md_table(COMPARE_HEADER, compare_rows(d)),
+        "## Other figures\n\n" + md_table(["figure", "value"], extra_rows(d) or [["-", "-"]]),
         "## Method\n\n" + "\n".join(f"- {line}" for line in method),
     ]) + "\n"  # fmt: skip
+
+
+def marked_section(name: str, body: str) -> str:
+    """``body`` between the markers that ``keep_marked_sections`` and ``put_section`` look for."""
+    return f"<!-- section:{name} -->\n{body.rstrip()}\n<!-- /section:{name} -->\n"
+
+
+def _sections(text: str) -> dict[str, str]:
+    import re
+
+    pattern = r"<!-- section:(\S+) -->\n.*?<!-- /section:\1 -->\n"
+    return {m.group(1): m.group(0) for m in re.finditer(pattern, text, flags=re.S)}
+
+
+def put_section(text: str, name: str, body: str) -> str:
+    """``text`` with the marked section ``name`` replaced by ``body`` (appended if absent)."""
+    new, old = marked_section(name, body), _sections(text).get(name)
+    return text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new
+
+
+def keep_marked_sections(old: str, new: str) -> str:
+    """``new`` (a fresh render) with the marked sections of ``old`` (other benchmarks' figures) kept."""
+    for name, section in _sections(old).items():
+        new = put_section(new, name, section.split("\n", 1)[1].rsplit("<!-- /section:", 1)[0])
+    return new

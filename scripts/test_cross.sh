@@ -4,7 +4,9 @@
 # CPU model of the target's toolchain file (native/toolchains/): every ISA path the model
 # runs is checked against the scalar reference. Installs the cross compilers and
 # qemu-user with apt when missing. Prints one summary line per target and CPU model;
-# exits non-zero when a test fails. Then `core devices` on an aarch64 Python under qemu.
+# exits non-zero when a test fails. Then, on an aarch64 Python under qemu
+# (scripts/aarch64_env.sh): `core devices`, and the offline API's greedy tokens on cpu_arm
+# against cpu_x86's in the x86 venv ($VENV, default .venv: `make test-cross` installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +49,28 @@ for check in max:neon_bf16 cortex-a72:neon; do
         summary+=("aarch64 python -cpu $cpu: core devices lists cpu_arm available, kernel_isa=$isa")
     else
         summary+=("aarch64 python -cpu $cpu: FAIL, core devices says: ${line:-nothing for cpu_arm}")
+        status=1
+    fi
+done
+# the offline API end to end: a tiny random Llama (one checkpoint for both sides) greedy on
+# cpu_arm under qemu must give cpu_x86's tokens. CPU models: max runs the neon_bf16 kernels,
+# a64fx the plain neon ones (cortex-a72, ARMv8.0, cannot run PyPI's torch: SIGILL on import)
+py=${VENV:-.venv}/bin/python
+tiny=$(mktemp -d)
+trap 'rm -rf "$tiny"' EXIT
+"$py" scripts/greedy_tokens.py build "$tiny/model" 2>"$tiny/log" || { cat "$tiny/log"; exit 1; }
+x86=$("$py" scripts/greedy_tokens.py run "$tiny/model" cpu_x86 2>"$tiny/log" | tail -1) || { cat "$tiny/log"; exit 1; }
+echo "x86_64: $x86"
+tokens() { python3 -c 'import json, sys; print(json.loads(sys.argv[1])["tokens"])' "$1"; }
+for check in max:neon_bf16 a64fx:neon; do
+    cpu=${check%%:*} isa=${check#*:}
+    arm=$(QEMU_CPU=$cpu scripts/aarch64_env.sh run scripts/greedy_tokens.py run "$tiny/model" cpu_arm 2>"$tiny/log" |
+        tail -1) || { tail -20 "$tiny/log"; arm="{}"; }
+    echo "aarch64 -cpu $cpu: $arm"
+    if grep -q "\"kernel_isa\": \"$isa\"" <<<"$arm" && [ "$(tokens "$arm")" = "$(tokens "$x86")" ]; then
+        summary+=("aarch64 python -cpu $cpu: LLM(device='cpu_arm') greedy tokens equal cpu_x86's (kernel_isa=$isa)")
+    else
+        summary+=("aarch64 python -cpu $cpu: FAIL, cpu_arm's greedy tokens (kernel_isa=$isa) differ from cpu_x86's")
         status=1
     fi
 done
