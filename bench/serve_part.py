@@ -32,6 +32,16 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) -> No
     raise RuntimeError(f"core serve not healthy after {timeout_s:.0f}s")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server, SIGKILL it after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def measure(
     model: str | None, quantization: str | None, num_seqs: int, prompt_len: int, n_gen: int, vocab: int, seed: int
 ) -> dict:
@@ -52,12 +62,7 @@ def measure(
         prompts = random_prompts(num_seqs, prompt_len, vocab, seed)
         level = asyncio.run(run_level(base_url, None, prompts, n_gen, num_seqs, timeout_s=120))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.seek(0)
         err = log.read()
     if level.num_failed:

@@ -47,7 +47,7 @@ def main() -> None:
     os.environ["CORE_CPU_FUSED_DECODE"] = "1" if args.runner == "fused" else "0"
     llm = LLM(max_model_len=512, max_num_seqs=args.num_prompts, kv_cache_bytes=512 << 20, enable_prefix_caching=False)
     if args.runner == "compile":
-        llm.engine.runner.model = torch.compile(llm.engine.runner.model, dynamic=True)
+        llm.engine.executor.runner.model = torch.compile(llm.engine.executor.runner.model, dynamic=True)
     ms = decode_ms(llm, args.reps)
     print(f"decode batch 1: {ms:.2f} ms/token = {1e3 / ms:.1f} tok/s (load {os.getloadavg()[0]:.2f})")
     best = max(

@@ -36,7 +36,7 @@ def test_default_model_runs_on_the_platform_runner_fast_path(llm):
     runner = llm.engine.platform.runner
     if not hasattr(runner, "fused"):
         pytest.skip(f"{llm.engine.platform.name}'s runner has no fused path")
-    assert runner.fused is not None and runner.model is llm.engine.runner.model
+    assert runner.fused is not None and runner.model is llm.engine.executor.runner.model
 
 
 def test_chat_uses_the_template(llm):

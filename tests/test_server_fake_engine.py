@@ -59,6 +59,12 @@ class FakeEngine:
     def abort_request(self, request_id):
         self.requests.pop(request_id, None)
 
+    def check_health(self):
+        pass  # no workers to watch
+
+    def shutdown(self):
+        pass  # no workers to stop
+
     def has_unfinished_requests(self):
         return bool(self.requests)
 

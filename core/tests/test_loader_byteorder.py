@@ -3,7 +3,8 @@
 A little-endian GGUF byte image (written by ``gguf.GGUFWriter``) goes through the loader's
 ``gguf_weights`` with ``byte_order="big"``; the tensors that come out are read back as
 big-endian numbers and must hold the file's values: Q8_0 and Q4_1 blocks kept quantized
-(their f16 scales swapped, the quantized values untouched) and a float32 tensor.
+(their f16 scales swapped, the quantized values untouched) and a float32 tensor, also
+when a tensor-parallel rank reads only its byte window of each tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from core.distributed.sharding import ShardPlan
 from core.loader.gguf_index import GGUFIndex
 from core.loader.gguf_model import gguf_weights
 from plugins.kernels import GGUFWeight
@@ -41,10 +43,16 @@ def gguf_file(tmp_path_factory):
     return path, norm
 
 
-def _load(path, byte_order: str) -> dict[str, torch.Tensor | GGUFWeight]:
-    config = SimpleNamespace(num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+CONFIG = SimpleNamespace(
+    num_attention_heads=2, num_key_value_heads=2, intermediate_size=COLS, vocab_size=ROWS, tie_word_embeddings=False
+)
+
+
+def _load(
+    path, byte_order: str, plan: ShardPlan | None = None, keep_gguf: bool = True
+) -> dict[str, torch.Tensor | GGUFWeight]:
     index = GGUFIndex(path, {"general.architecture": "llama"}, GGUFIndex._parse(path).tensors)
-    return dict(gguf_weights(index, config, True, torch.float32, torch.device("cpu"), byte_order))
+    return dict(gguf_weights(index, CONFIG, keep_gguf, torch.float32, torch.device("cpu"), plan, byte_order))
 
 
 def _dequantize_big_endian(weight: GGUFWeight) -> np.ndarray:
@@ -81,6 +89,42 @@ def test_float_tensor_reads_back_big_endian(gguf_file):
     path, norm = gguf_file
     np.testing.assert_array_equal(_load(path, "little")["model.norm.weight"].numpy(), norm)
     np.testing.assert_array_equal(_load(path, "big")["model.norm.weight"].numpy().view(">f4"), norm)
+
+
+def test_each_ranks_window_is_converted(gguf_file):
+    """TP=2: lm_head's vocabulary rows and down_proj's input columns (one Q4_1 block of
+    each row) read big-endian hold the same values as that part of the whole tensor."""
+    path, norm = gguf_file
+    whole = _load(path, "big")
+    for rank in range(2):
+        plan = ShardPlan(CONFIG, 16, rank, 2)
+        for name, part in _load(path, "big", plan).items():
+            cut = plan.slice_for(name)
+            if isinstance(part, GGUFWeight):
+                expected = _dequantize_big_endian(whole[name])
+                expected = expected[cut.start : cut.stop] if cut.dim == 0 else expected[:, cut.start : cut.stop]
+                np.testing.assert_array_equal(_dequantize_big_endian(part), expected, err_msg=f"rank {rank} {name}")
+            else:
+                assert cut is None
+                np.testing.assert_array_equal(part.numpy().view(">f4"), norm)
+
+
+def test_each_ranks_window_dequantizes_to_its_part(gguf_file):
+    """Dequantized (kernels that take no GGUF weights), a rank's window of rows, or of whole
+    blocks of columns, holds that part of the whole tensor's values."""
+    whole = _load(gguf_file[0], "little", keep_gguf=False)
+    for rank in range(2):
+        plan = ShardPlan(CONFIG, 16, rank, 2)
+        for name, part in _load(gguf_file[0], "little", plan, keep_gguf=False).items():
+            cut = plan.slice_for(name)
+            expected = (
+                whole[name]
+                if cut is None
+                else whole[name][cut.start : cut.stop]
+                if cut.dim == 0
+                else whole[name][:, cut.start : cut.stop]
+            )
+            assert torch.equal(part, expected), f"rank {rank} {name}"
 
 
 def test_unknown_byte_order_is_named(gguf_file):

@@ -180,3 +180,5 @@ def test_gemma3_bad_configs_are_named(tmp_path):
                     torch.float32, torch.device("cpu"))  # fmt: skip
     with pytest.raises(ValueError, match="attn_logit_softcapping"):
         build_model(tiny_gemma3_config(attn_logit_softcapping=50.0), Kernels(), torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="Gemma 3 does not support tensor parallelism"):
+        build_model(tiny_gemma3_config(), Kernels(), torch.float32, torch.device("cpu"), comm=object())

@@ -72,11 +72,28 @@ def test_resolution_fills_every_setting_from_the_platform_and_the_model(model_di
         ({}, {"no_such_setting": 1}, "platform host overrides unknown engine setting 'no_such_setting'"),
         ({}, {"block_size": 0}, "block_size must be a positive integer, got 0"),
         ({"max_num_seqs": 0}, {}, "max_num_seqs must be a positive integer"),
+        ({"tensor_parallel_size": 0}, {}, "tensor_parallel_size must be a positive integer, got 0"),
+        ({"data_parallel_size": -1}, {}, "data_parallel_size must be a positive integer, got -1"),
+        ({"distributed_executor_backend": "mpi"}, {}, "distributed_executor_backend must be one of mp, ray, got 'mpi'"),
     ],
 )
 def test_resolution_names_what_cannot_work(model_dir, settings, overrides, message):
     with pytest.raises(ValueError, match=message):
         resolve_engine(EngineConfig(model=str(model_dir), device=Host(overrides), **settings))
+
+
+def test_parallel_flags_long_and_short(model_dir):
+    import argparse
+
+    from core.config import add_engine_args, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    for argv in (["-tp", "2", "-dp", "3"], ["--tensor-parallel-size", "2", "--data-parallel-size", "3"]):
+        config = config_from_args(parser.parse_args([str(model_dir), *argv, "--distributed-executor-backend", "ray"]))
+        assert (config.tensor_parallel_size, config.data_parallel_size) == (2, 3)
+        view = resolve_engine(dataclasses.replace(config, device=Host)).config
+        assert (view.world_size, view.data_parallel_size, view.distributed_executor_backend) == (2, 3, "ray")
 
 
 @pytest.mark.parametrize("alias,dtype", [("float", "float32"), ("half", "float16")])

@@ -1,18 +1,24 @@
-"""/metrics: the engine's stats snapshot, the platform's own gauges included."""
+"""/metrics: every replica's stats snapshot (label ``engine``), the platform's own gauges included."""
 
 from core.server.metrics import ServerMetrics
 
 
-def test_platform_gauges_are_exported_under_their_own_names():
-    stats = {
-        "num_running": 1,
+def _stats(running: int, graphs: int) -> dict:
+    return {
+        "num_running": running,
         "num_waiting": 0,
         "kv_usage": 0.5,
         "prefix_cache_queries": 0,
         "prefix_cache_hits": 0,
         "num_preemptions": 0,
-        "platform": {"graphs_compiled": 7},
+        "platform": {"graphs_compiled": graphs},
     }
-    text = ServerMetrics(lambda: stats, "m").render().decode()
-    assert 'core:platform_graphs_compiled{model_name="m"} 7.0' in text
-    assert 'core:num_requests_running{model_name="m"} 1.0' in text
+
+
+def test_platform_gauges_are_exported_under_their_own_names_per_replica():
+    text = ServerMetrics(lambda: [_stats(1, 7), _stats(2, 5)], "m").render().decode()
+    assert 'core:platform_graphs_compiled{engine="0",model_name="m"} 7.0' in text
+    assert 'core:platform_graphs_compiled{engine="1",model_name="m"} 5.0' in text
+    assert 'core:num_requests_running{engine="0",model_name="m"} 1.0' in text
+    assert 'core:num_requests_running{engine="1",model_name="m"} 2.0' in text
+    assert text.count("# TYPE core:platform_graphs_compiled gauge") == 1

@@ -19,6 +19,7 @@ class InterpretedCudaPlatform(CudaPlatform):
 
     name = "cuda_interpreted"
     device_type = "cpu"
+    distributed_backend = "gloo"  # its tensors are CPU tensors: nccl needs CUDA ones
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
 
     def is_available(self) -> bool:

@@ -64,8 +64,29 @@ def test_select_cpus():
         select_cpus("6-9", allowed)
     with pytest.raises(ValueError, match=r"\[7\]"):
         select_cpus("6-7", [0, 1, 2, 3, 4, 5, 6])
-    with pytest.raises(ValueError, match="leaves no core"):
+    with pytest.raises(ValueError, match="leaves rank 0 of 1 no core"):
         select_cpus("auto", allowed, num_reserved=8, topology=FLAT)
+
+
+def test_auto_splits_the_cores_between_more_ranks_than_nodes():
+    allowed = list(range(8))
+    assert [select_cpus("auto", allowed, rank=r, topology=FLAT, num_ranks=2) for r in range(2)] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+    ]
+    # 3 ranks share 8 - 2 reserved cores: two each, the reserved pair left over
+    assert [select_cpus("auto", allowed, rank=r, num_reserved=2, topology=FLAT, num_ranks=3) for r in range(3)] == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+    ]
+    # two nodes of 2 cores x 2 hyper-threads, 4 ranks: one physical core each, node by node
+    topo = CpuTopology([[0, 1, 4, 5], [2, 3, 6, 7]], {cpu: cpu % 4 for cpu in range(8)})
+    assert [select_cpus("auto", allowed, rank=r, topology=topo, num_ranks=4) for r in range(4)] == [[0], [1], [2], [3]]
+    # no more ranks than nodes: a node each
+    assert select_cpus("auto", allowed, rank=1, topology=topo, num_ranks=2) == [2, 3]
+    with pytest.raises(ValueError, match="rank 0 of 9 no core"):
+        select_cpus("auto", allowed, topology=FLAT, num_ranks=9)
 
 
 def test_auto_takes_one_numa_nodes_physical_cores_per_rank():
@@ -87,7 +108,7 @@ def test_auto_on_this_machine():
     assert auto and set(auto) <= set(mine)
     if len(auto) > 1:
         assert select_cpus("auto", mine, num_reserved=1) == auto[:-1]
-    with pytest.raises(ValueError, match="leaves no core"):
+    with pytest.raises(ValueError, match="no core"):
         select_cpus("auto", mine, num_reserved=len(auto))
 
 

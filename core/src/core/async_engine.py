@@ -4,7 +4,10 @@ The engine is built in its own thread (the platform's ``init_device`` runs there
 and may bind it) and that thread is the only one that touches it; the event loop only
 moves requests in and outputs out, so the HTTP front end stays responsive while the
 engine is saturated. Commands travel on a queue; outputs come back through
-``loop.call_soon_threadsafe``.
+``loop.call_soon_threadsafe``. A failed worker of a split model
+(:class:`~core.distributed.executor.WorkerFailed`, found by a step or, while idle, by a
+health check every second) stops the engine for good: :attr:`AsyncEngine.failure` says
+why and every stream ends with :class:`EngineDeadError`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from core.distributed.executor import WorkerFailed
 from core.engine import LLMEngine
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+#: seconds between health checks of an idle engine's workers
+HEALTH_CHECK_INTERVAL_S = 1.0
 
 
 class EngineDeadError(RuntimeError):
@@ -43,6 +50,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self.engine: LLMEngine
         self._stats: dict[str, Any] = {}
+        #: why the engine stopped for good (a worker failed), or None
+        self.failure: WorkerFailed | None = None
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(build, built), name="core-engine", daemon=True)
         self._thread.start()
@@ -66,6 +75,9 @@ class AsyncEngine:
         def command() -> None:
             if not future.set_running_or_notify_cancel():
                 return  # the caller gave up (cancelled) before the engine got to it
+            if self.failure is not None:
+                future.set_exception(EngineDeadError(str(self.failure)))
+                return
             try:
                 future.set_result(fn())
             except BaseException as exc:  # handed to the caller, not raised in the engine thread
@@ -136,6 +148,19 @@ class AsyncEngine:
             loop, outputs = stream
             loop.call_soon_threadsafe(outputs.put_nowait, out)
 
+    def _fail(self, exc: WorkerFailed) -> None:
+        """Stop for good after a worker failed: end every stream (its workers are already stopped)."""
+        logger.error("%s; the engine stops", exc)
+        self.failure = exc
+        self._stop.set()
+        for request_id in list(self._streams):
+            self._deliver(EngineDeadError(str(exc)), request_id)
+        while True:  # commands already queued fail with the same error
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                break
+
     def _run(self, build: Callable[[], LLMEngine], built: concurrent.futures.Future) -> None:
         try:
             self.engine = build()
@@ -144,6 +169,12 @@ class AsyncEngine:
             built.set_exception(exc)
             return
         built.set_result(None)
+        try:
+            self._serve()
+        finally:
+            self.engine.shutdown()  # its workers, when the model is split
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             while True:
                 try:
@@ -152,13 +183,17 @@ class AsyncEngine:
                     break
             if self._stop.is_set():
                 break
-            if not self.engine.has_unfinished_requests():
-                self._stats = self.engine.stats()
-                self._wake.wait()
-                self._wake.clear()
-                continue
             try:
+                if not self.engine.has_unfinished_requests():
+                    self._stats = self.engine.stats()
+                    if not self._wake.wait(HEALTH_CHECK_INTERVAL_S):
+                        self.engine.check_health()
+                    self._wake.clear()
+                    continue
                 outputs = self.engine.step()
+            except WorkerFailed as exc:
+                self._fail(exc)
+                return
             except Exception as exc:  # fail the requests in flight, keep serving the next ones
                 logger.exception("engine step failed; aborting the requests in flight")
                 for request_id in list(self.engine.requests):

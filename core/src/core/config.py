@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from plugins import Platform
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXECUTOR_BACKENDS = ("mp", "ray")
 #: vLLM's other spellings (its s390x guide serves with ``--dtype float``)
 DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 
@@ -35,6 +36,9 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
+    tensor_parallel_size: int = 1  # ranks one model is split over
+    data_parallel_size: int = 1  # engine replicas behind one server
+    distributed_executor_backend: str = "mp"  # how tensor-parallel workers run: "mp" or "ray"
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +75,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size)
+    parser.add_argument(
+        "--distributed-executor-backend", default=d.distributed_executor_backend, choices=EXECUTOR_BACKENDS
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -91,5 +100,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_bytes=int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None,
         gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_name=args.served_model_name,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
     )
     return config

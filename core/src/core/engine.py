@@ -9,6 +9,7 @@ the scheduler caps length at max_model_len and the cache), and the states build 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import itertools
 import logging
@@ -19,8 +20,7 @@ import torch
 
 from core.block_manager import BlockManager
 from core.config import EngineConfig
-from core.loader import load_model
-from core.model_runner import ModelRunner
+from core.distributed.executor import make_executor
 from core.outputs import RequestOutput
 from core.request_state import Completion, RequestState, build_request
 from core.resolve import resolve_engine
@@ -37,30 +37,24 @@ atexit.register(gc.unfreeze)
 class LLMEngine:
     """Owns the model, KV cache, scheduler and sampler of one platform.
 
-    Build it in the thread that will step it: the platform's ``init_device`` runs here,
-    once, and may bind the calling thread.
+    Build it in the thread that will step it: with one rank the platform's
+    ``init_device`` runs here, once, and may bind the calling thread; a model split over
+    ranks (or one replica of several) runs in the executor's worker processes.
     """
 
-    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False) -> None:
+    def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, data_parallel_rank: int = 0) -> None:
+        """:param data_parallel_rank: which of ``config.data_parallel_size`` replicas this engine is
+        (its workers take global ranks from ``data_parallel_rank * tensor_parallel_size``)."""
         started = time.perf_counter()
         resolved = resolve_engine(config)
-        self.platform, self.config = resolved.platform, resolved.config
-        config = self.config
-        self.platform.init_device(config)
+        first_rank = data_parallel_rank * resolved.config.tensor_parallel_size
+        self.platform = resolved.platform
+        self.config = config = dataclasses.replace(resolved.config, rank=first_rank, local_rank=first_rank)
         torch.manual_seed(config.seed)
-        self.loaded = load_model(
-            resolved.model,
-            kernels=self.platform.kernels,
-            dtype=config.torch_dtype,
-            device=self.platform.torch_device(),
-            quantization=config.quantization,
-            skip_tokenizer_init=skip_tokenizer_init,
-            byte_order=self.platform.byte_order,
-        )
+        self.executor = make_executor(self.platform, config, resolved.model, load_tokenizer=not skip_tokenizer_init)
+        self.loaded = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
-        self.runner = ModelRunner(self.platform, self.loaded, config)
-        self.kv_plan = self.runner.plan_kv_cache()
-        self.runner.allocate_and_prepare(self.kv_plan.num_blocks)
+        self.kv_plan = self.executor.kv_plan
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -177,7 +171,7 @@ class LLMEngine:
         if sched.is_empty:
             return []
         self._mark_scheduled(sched.scheduled)
-        logits = self.runner.execute(sched.scheduled)
+        logits = self.executor.execute(sched.scheduled)
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
         sampled = self._sample(logits.sample_logits, entries)
         token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=True)) if sampled else {}
@@ -228,6 +222,14 @@ class LLMEngine:
                 self._forget(state)
             outputs.append(state.to_output())
         return outputs
+
+    def check_health(self) -> None:
+        """Raise :class:`core.distributed.executor.WorkerFailed` when a worker of an idle engine died or hung."""
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (worker processes or actors, when the model is split)."""
+        self.executor.shutdown()
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: queue sizes, KV usage, prefix cache hit rate, and the

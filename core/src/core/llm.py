@@ -23,7 +23,8 @@ class LLM:
     :param skip_tokenizer_init: run without a tokenizer (prompts as token ids only).
     :param engine_kwargs: any :class:`core.config.EngineConfig` field (``dtype``,
         ``max_model_len``, ``max_num_seqs``, ``block_size``, ``enable_prefix_caching``,
-        ``kv_cache_bytes``, ``quantization``, ``seed``, ...).
+        ``kv_cache_bytes``, ``quantization``, ``seed``, ``tensor_parallel_size``,
+        ``distributed_executor_backend``, ...).
     """
 
     def __init__(
@@ -34,6 +35,11 @@ class LLM:
         **engine_kwargs: Any,
     ) -> None:
         config = EngineConfig(model=model, device=device, **engine_kwargs)
+        if config.data_parallel_size != 1:
+            raise ValueError(
+                f"data_parallel_size={config.data_parallel_size}: LLM runs one engine; "
+                "serve replicas with core serve --data-parallel-size"
+            )
         self.engine = LLMEngine(config, skip_tokenizer_init=skip_tokenizer_init)
         self._ids = itertools.count()
 
@@ -108,5 +114,7 @@ class LLM:
         return [finished[request_id] for request_id in order]
 
     def shutdown(self) -> None:
-        """Release the engine's KV cache and model."""
+        """Release the engine's KV cache and model (and stop its workers)."""
+        if self.engine is not None:
+            self.engine.shutdown()
         self.engine = None  # type: ignore[assignment]

@@ -113,38 +113,63 @@ class ModelRunner:
     # -- one step -----------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         """Run the forward pass of one scheduled batch and compute the logits it needs."""
-        ids: list[int] = []
-        positions: list[int] = []
-        query_lens, seq_lens, tables = [], [], []
-        sample_rows, sample_seq_ids = [], []
-        prompt_rows: dict[int, tuple[int, int, int]] = {}
-        for item in scheduled:
-            seq, n, start = item.seq, item.num_new_tokens, item.start_pos
-            row0 = len(ids)
-            ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            query_lens.append(n)
-            seq_lens.append(start + n)
-            tables.append(seq.block_table)
-            if item.needs_sample:
-                sample_rows.append(row0 + n - 1)
-                sample_seq_ids.append(seq.seq_id)
-            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
-                end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
-                prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
+        return self.run(make_batch(scheduled))
+
+    def run(self, batch: StepBatch) -> StepLogits:
+        """Run the forward pass of a flattened batch and compute the logits it needs."""
         runner = self.platform.runner
         device = runner.io_device()
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device=device)
+        meta = AttentionMetadata.build(
+            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=device
+        )
         inputs = ModelInputs(
-            torch.tensor(ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
+            torch.tensor(batch.input_ids, dtype=torch.long, device=device),
+            torch.tensor(batch.positions, dtype=torch.long, device=device),
             meta,
         )
         with runner.grad_mode():
             hidden = runner.execute(inputs)
-            sample_logits = runner.compute_logits(hidden, sample_rows)
+            sample_logits = runner.compute_logits(hidden, batch.sample_rows)
             prompt_logits = {
                 seq_id: (first_pos, runner.compute_logits(hidden, list(range(lo, hi))))
-                for seq_id, (first_pos, lo, hi) in prompt_rows.items()
+                for seq_id, (first_pos, lo, hi) in batch.prompt_rows.items()
             }
-        return StepLogits(sample_logits, sample_seq_ids, prompt_logits)
+        return StepLogits(sample_logits, batch.sample_seq_ids, prompt_logits)
+
+
+@dataclass
+class StepBatch:
+    """One step's batch as plain lists (cheap to send to tensor-parallel workers)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]  # the row of each sampling sequence's last new token
+    sample_seq_ids: list[int]
+    prompt_rows: dict[int, tuple[int, int, int]]  # seq_id -> (first position, first row, end row)
+
+
+def make_batch(scheduled: list[ScheduledSeq]) -> StepBatch:
+    """Flatten the scheduler's choice into one step's batch."""
+    ids: list[int] = []
+    positions: list[int] = []
+    query_lens, seq_lens, tables = [], [], []
+    sample_rows, sample_seq_ids = [], []
+    prompt_rows: dict[int, tuple[int, int, int]] = {}
+    for item in scheduled:
+        seq, n, start = item.seq, item.num_new_tokens, item.start_pos
+        row0 = len(ids)
+        ids.extend(seq.token_ids[start : start + n])
+        positions.extend(range(start, start + n))
+        query_lens.append(n)
+        seq_lens.append(start + n)
+        tables.append(seq.block_table)
+        if item.needs_sample:
+            sample_rows.append(row0 + n - 1)
+            sample_seq_ids.append(seq.seq_id)
+        if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+            end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
+            prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
+    return StepBatch(ids, positions, query_lens, seq_lens, tables, sample_rows, sample_seq_ids, prompt_rows)

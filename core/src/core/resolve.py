@@ -17,7 +17,7 @@ from typing import Any
 
 from plugins import EngineConfigView, Platform
 
-from core.config import DTYPE_ALIASES, DTYPES, EngineConfig
+from core.config import DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, EngineConfig
 from core.discovery import discover, select_platform
 from core.loader import ModelSource, open_model
 
@@ -66,7 +66,12 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
     """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
     if settings.dtype not in DTYPES and settings.dtype not in DTYPE_ALIASES:
         raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {settings.dtype!r}")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+    if settings.distributed_executor_backend not in EXECUTOR_BACKENDS:
+        raise ValueError(
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+            f"got {settings.distributed_executor_backend!r}"
+        )
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size"):
         value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

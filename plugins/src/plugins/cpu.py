@@ -102,13 +102,22 @@ class CpuTopology:
 
 
 def select_cpus(
-    spec: str, allowed: list[int], rank: int = 0, num_reserved: int = 0, topology: CpuTopology | None = None
+    spec: str,
+    allowed: list[int],
+    rank: int = 0,
+    num_reserved: int = 0,
+    topology: CpuTopology | None = None,
+    num_ranks: int = 1,
 ) -> list[int] | None:
-    """The CPUs the compute threads of ``rank`` bind to, or None to leave them unbound.
+    """The CPUs the compute threads of ``rank`` (of ``num_ranks`` on this machine) bind to,
+    or None to leave them unbound.
 
-    ``auto``: the physical cores of NUMA node ``rank`` (modulo the node count) that this
-    process may use, minus the last ``num_reserved`` (left to the front end). ``all``:
-    every allowed CPU. ``nobind``: None. Otherwise one CPU list per rank, ``|``-separated.
+    ``auto``: with no more ranks than NUMA nodes, the physical cores of node ``rank``
+    (modulo the node count) that this process may use, minus the last ``num_reserved``
+    (left to the front end); with more ranks than nodes, the physical cores of every
+    node (in node order, minus the last ``num_reserved``) split into ``num_ranks`` equal
+    contiguous parts. ``all``: every allowed CPU. ``nobind``: None. Otherwise one CPU
+    list per rank, ``|``-separated.
 
     :param spec: a :func:`threads_bind`-normalized ``CPU_OMP_THREADS_BIND`` value.
     :param allowed: the CPUs this process may run on (see :func:`plugins.host.process_cpus`).
@@ -124,12 +133,17 @@ def select_cpus(
         topology = topology or CpuTopology.read(allowed)
         nodes = [[c for c in node if c in allowed] for node in topology.nodes]
         nodes = [node for node in nodes if node] or [sorted(allowed)]
-        cores = topology.physical_cores(nodes[rank % len(nodes)])
-        chosen = cores[: len(cores) - num_reserved]
+        if num_ranks <= len(nodes):
+            cores = topology.physical_cores(nodes[rank % len(nodes)])
+            chosen = cores[: len(cores) - num_reserved]
+        else:
+            cores = [core for node in nodes for core in topology.physical_cores(node)]
+            share = (len(cores) - num_reserved) // num_ranks
+            chosen = cores[rank * share : (rank + 1) * share]
         if not chosen:
             raise ValueError(
-                f"CPU_NUM_OF_RESERVED_CPU={num_reserved} leaves no core for compute "
-                f"(rank {rank} has {len(cores)} cores: {cores})"
+                f"CPU_OMP_THREADS_BIND=auto leaves rank {rank} of {num_ranks} no core "
+                f"({len(cores)} cores {cores}, CPU_NUM_OF_RESERVED_CPU={num_reserved})"
             )
         return chosen
     per_rank = spec.split("|")
@@ -213,9 +227,11 @@ class CpuPlatform(Platform):
         return CpuMemoryProfiler(self)
 
     def init_device(self, config: EngineConfigView) -> None:
-        """Bind the calling thread and the compute threads of ``config.local_rank``."""
+        """Bind the calling thread and the compute threads of ``config.local_rank`` (one of
+        ``tensor_parallel_size x data_parallel_size`` ranks on this machine)."""
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
-        cpus = select_cpus(bind, process_cpus(), config.local_rank, reserved)
+        num_ranks = config.tensor_parallel_size * config.data_parallel_size
+        cpus = select_cpus(bind, process_cpus(), config.local_rank, reserved, num_ranks=num_ranks)
         if cpus is None:
             logger.info("%s: compute threads not bound (CPU_OMP_THREADS_BIND=nobind)", self.name)
             return

@@ -138,6 +138,21 @@ class Platform:
 
         return Runner(self)
 
+    def make_communicator(self, rank: int, world_size: int, init_method: str):
+        """(optional) override: the collectives of one tensor-parallel rank of this platform.
+
+        Called once in each rank's process after :meth:`init_device`.
+
+        :param rank: this process's rank, ``0 <= rank < world_size``.
+        :param world_size: number of ranks one model is split over.
+        :param init_method: rendezvous address shared by every rank (``tcp://host:port``).
+        :return: a :class:`plugins.distributed.Communicator` (default: ``torch.distributed``
+            over :attr:`distributed_backend`); a subclass may bring a faster all-reduce.
+        """
+        from plugins.distributed import Communicator
+
+        return Communicator(self.distributed_backend, rank, world_size, init_method)
+
     def torch_device(self):
         """The ``torch.device`` tensors are placed on (default: ``device_type``)."""
         import torch

@@ -434,6 +434,14 @@ class PlatformConformance:
         self._assert_close(padded, eager, dtype_name, "padded forward vs eager")
         self._assert_close(padded_caches[0][0], caches[0][0], dtype_name, "KV cache after padded forward")
 
+    def test_communicator_two_processes(self, device_plat) -> None:
+        """The platform's communicator sums and gathers across two processes."""
+        from plugins.distributed import check_communicator
+
+        if device_plat.device_type != "cpu" and device_plat.device_info().get("count", 0) < 2:
+            pytest.skip(f"{device_plat.name}: the communicator check needs two devices")
+        check_communicator(type(device_plat))
+
     # -- end to end --------------------------------------------------------------------------
     def test_greedy_generation_matches_reference(self, device_plat, tmp_path) -> None:
         core = pytest.importorskip("core", reason="install `core` to run the end-to-end conformance check")

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import torch
 from plugins.byteorder import to_host_order
-from plugins.gguf_quants import FORMATS, dequantize, row_bytes
+from plugins.gguf_quants import FORMATS, dequantize
 
 from core.loader.cache import cache_root, file_key
 
@@ -111,23 +111,34 @@ class GGUFIndex:
         except OSError as err:  # a read-only cache only costs speed
             logger.warning("could not cache the GGUF index at %s: %s", target, err)
 
-    def raw(self, name: str, byte_order: str = "little") -> torch.Tensor:
+    def raw(
+        self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None), byte_order: str = "little"
+    ) -> torch.Tensor:
         """The tensor's bytes as uint8 ``[rows, row_bytes]`` (a copy, safe to move to a device),
         with its numbers in ``byte_order`` (the platform's, :attr:`plugins.Platform.byte_order`;
-        the file's are little-endian)."""
-        info = self.tensors[name]
-        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
-        data = np.array(self._data[info.offset : info.offset + info.num_bytes]).reshape(rows, -1)
-        return to_host_order(torch.from_numpy(data), info.qtype, byte_order)
+        the file's are little-endian).
 
-    def dequantized(self, name: str, byte_order: str = "little") -> torch.Tensor:
-        """The tensor as float32 in its logical shape, read on a host of ``byte_order``."""
+        ``rows`` and ``byte_cols`` select a window (whole blocks or elements); only that
+        window is read from the file.
+        """
         info = self.tensors[name]
-        raw = self.raw(name, byte_order)
+        num_rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        stored = self._data[info.offset : info.offset + info.num_bytes].reshape(num_rows, -1)
+        return to_host_order(torch.from_numpy(np.array(stored[rows, byte_cols])), info.qtype, byte_order)
+
+    def dequantized(
+        self, name: str, rows: slice = slice(None), byte_cols: slice = slice(None), byte_order: str = "little"
+    ) -> torch.Tensor:
+        """The tensor (or the :meth:`raw` window of it) as float32, shaped ``[rows, cols]``
+        (1-D tensors stay 1-D), read on a host of ``byte_order``."""
+        info = self.tensors[name]
+        raw = self.raw(name, rows, byte_cols, byte_order)
         if info.qtype == "BF16":
             values = raw.view(torch.bfloat16).float()
         elif info.qtype in FORMATS:  # the SDK's torch dequantization (bit-exact with gguf.quants, faster)
-            values = dequantize(info.qtype, raw, raw.numel() // row_bytes(info.qtype, info.shape[-1]), info.shape[-1])
+            block, size, _ = FORMATS[info.qtype]
+            values = dequantize(info.qtype, raw, raw.shape[0], raw.shape[-1] // size * block)
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[info.qtype]))
-        return values.reshape(info.shape).float()
+        shape = (-1,) if len(info.shape) == 1 else (raw.shape[0], -1) if len(info.shape) == 2 else info.shape
+        return values.reshape(shape).float()

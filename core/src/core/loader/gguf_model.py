@@ -14,6 +14,7 @@ from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
 
+from core.distributed.sharding import ShardPlan, gguf_byte_columns
 from core.loader.cache import cache_root, file_key
 from core.loader.gguf_index import GGUFIndex
 
@@ -130,39 +131,74 @@ def gguf_weights(
     keep_gguf: bool,
     dtype: torch.dtype,
     device: torch.device,
+    plan: ShardPlan | None = None,
     byte_order: str = "little",
 ) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
     """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``,
     their numbers in the platform's ``byte_order`` (:attr:`plugins.Platform.byte_order`).
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
+    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
     Gemma norms are stored as llama.cpp applies them, ``1 + w``: ``w`` is given back, as
     Hugging Face checkpoints hold it.
     """
     arch = index.metadata.get("general.architecture")
-    unpermute = arch == "llama"
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     for name in tqdm(index.tensors, desc="Loading GGUF weights", unit="tensor"):
         hf_name = _hf_name(name, arch)
         if hf_name is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
+        keep = keep_gguf and _keep_quantized(index, name)
+        yield hf_name, _read(index, name, hf_name, keep, arch, dtype, device, plan, heads, byte_order)
         info = index.tensors[name]
-        kind = name.split(".")[2] if name.startswith("blk.") else ""
-        order = _unpermute_rows(info.shape[0], heads[kind]) if unpermute and kind in heads else None
-        if keep_gguf and _keep_quantized(index, name):
-            data = index.raw(name, byte_order)
-            data = data[order] if order is not None else data
-            yield hf_name, GGUFWeight(info.qtype, data.to(device), rows=info.shape[0], cols=info.shape[-1])
-        else:
-            values = index.dequantized(name, byte_order)
-            values = values[order] if order is not None else values
-            if arch == "gemma3" and name.endswith("norm.weight"):
-                values = values - 1
-            # rope frequency divisors stay float32: they feed the cos/sin table, not a matmul
-            yield hf_name, values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
         if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
-            yield "lm_head.weight", GGUFWeight(info.qtype, index.raw(name, byte_order).to(device), *info.shape)
+            yield (
+                "lm_head.weight",
+                _read(index, name, "lm_head.weight", True, arch, dtype, device, plan, {}, byte_order),
+            )
+
+
+def _read(
+    index: GGUFIndex,
+    name: str,
+    hf_name: str,
+    quantized: bool,
+    arch: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    plan: ShardPlan | None,
+    heads: dict[str, int],
+    byte_order: str,
+) -> torch.Tensor | GGUFWeight:
+    """One tensor (this rank's slice of it), in its stored form or dense, its numbers in
+    ``byte_order``; llama q/k rows unpermuted, Gemma norms ``w`` (llama.cpp stores ``1 + w``)."""
+    info = index.tensors[name]
+    part = plan.slice_for(hf_name) if plan is not None else None
+    rows, byte_cols, num_cols = slice(None), slice(None), info.shape[-1]
+    if part is not None and not part.zero:
+        if part.dim == 0 and len(info.shape) > 1:
+            rows = slice(part.start, part.stop)
+        else:  # input columns, or the elements of a 1-D tensor
+            byte_cols = slice(*gguf_byte_columns(info.qtype, info.shape[-1], part))
+            num_cols = part.stop - part.start
+    kind = name.split(".")[2] if name.startswith("blk.") else ""
+    order = None
+    if arch == "llama" and kind in heads:  # llama.cpp permuted q/k rows in each head; a rank's heads are whole
+        num_rows = len(range(info.shape[0])[rows])
+        order = _unpermute_rows(num_rows, heads[kind] * num_rows // info.shape[0])
+    if quantized:
+        data = index.raw(name, rows, byte_cols, byte_order)
+        data = data[order] if order is not None else data
+        return GGUFWeight(info.qtype, data.to(device), rows=data.shape[0], cols=num_cols)
+    values = index.dequantized(name, rows, byte_cols, byte_order)
+    values = values[order] if order is not None else values
+    if part is not None and part.zero:
+        values = torch.zeros_like(values)
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        values = values - 1
+    # rope frequency divisors stay float32: they feed the cos/sin table, not a matmul
+    return values.to(device=device, dtype=torch.float32 if kind == "" and "rope" in name else dtype)
 
 
 def gguf_tokenizer(path: Path, chat_template: str | None) -> PreTrainedTokenizerBase:

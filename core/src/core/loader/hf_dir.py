@@ -13,6 +13,8 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from core.distributed.sharding import ShardPlan, slice_dense
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,8 +37,13 @@ def weight_files(directory: Path) -> list[Path]:
     raise ValueError(f"no model weights (*.safetensors or pytorch_model.bin) in {directory}")
 
 
-def hf_weights(files: list[Path], dtype: torch.dtype, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the checkpoint, in ``dtype`` on ``device``."""
+def hf_weights(
+    files: list[Path], dtype: torch.dtype, device: torch.device, plan: ShardPlan | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the checkpoint, in ``dtype`` on ``device``.
+
+    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
+    """
     with tqdm(desc="Loading weights", unit="tensor", total=None) as bar:
         for file in files:
             if file.suffix == ".safetensors":
@@ -44,13 +51,15 @@ def hf_weights(files: list[Path], dtype: torch.dtype, device: torch.device) -> I
                     bar.total = (bar.total or 0) + len(f.keys())
                     for name in f.keys():
                         bar.update()
-                        yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+                        part = plan.slice_for(name) if plan is not None else None
+                        yield name, slice_dense(f.get_slice(name), part).to(device=device, dtype=dtype)
             else:
                 state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
                 bar.total = (bar.total or 0) + len(state)
                 for name, tensor in state.items():
                     bar.update()
-                    yield name, tensor.to(device=device, dtype=dtype)
+                    part = plan.slice_for(name) if plan is not None else None
+                    yield name, slice_dense(tensor, part).to(device=device, dtype=dtype)
 
 
 def hf_config(directory: Path) -> Any:

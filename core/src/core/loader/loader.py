@@ -78,6 +78,7 @@ def load_model(
     device: torch.device,
     quantization: str | None = None,
     skip_tokenizer_init: bool = False,
+    comm: Any | None = None,
     byte_order: str = "little",
 ) -> LoadedModel:
     """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
@@ -85,6 +86,7 @@ def load_model(
     :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
         kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
+    :param comm: a tensor-parallel rank's communicator: load only this rank's shard.
     :param byte_order: the platform's (:attr:`plugins.Platform.byte_order`): GGUF tensors are
         converted to it; safetensors' reader converts to the host's order itself.
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
@@ -94,9 +96,9 @@ def load_model(
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = torch.device(device)
     if source.gguf is not None:
-        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, byte_order)
+        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm, byte_order)
     else:
-        loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init)
+        loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
     loaded.load_seconds = time.perf_counter() - start
     logger.info(
         "loaded %s (%s, %.1f MB of weights) in %.2f s",
@@ -115,14 +117,15 @@ def _load_hf_dir(
     device: torch.device,
     quantization: str | None,
     skip_tokenizer: bool,
+    comm: Any | None,
 ) -> LoadedModel:
     path, config = source.path, source.hf_config
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
     tokenizer = None if skip_tokenizer else hf_tokenizer(path)
-    model = build_model(config, kernels, dtype, device)
+    model = build_model(config, kernels, dtype, device, comm)
     with torch.no_grad():
-        model.load_weights(hf_weights(weight_files(path), dtype, device), quantization)
+        model.load_weights(hf_weights(weight_files(path), dtype, device, model.tp.plan), quantization)
     return _finish(source, model, tokenizer, hf_generation_config(path))
 
 
@@ -133,6 +136,7 @@ def _load_gguf(
     device: torch.device,
     quantization: str | None,
     skip_tokenizer: bool,
+    comm: Any | None,
     byte_order: str,
 ) -> LoadedModel:
     path, config, index = source.path, source.hf_config, source.gguf
@@ -140,9 +144,9 @@ def _load_gguf(
     if quantization is None and not keep_gguf:
         logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
-    model = build_model(config, kernels, dtype, device)
+    model = build_model(config, kernels, dtype, device, comm)
+    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan, byte_order)
     with torch.no_grad():
-        weights = gguf_weights(index, config, keep_gguf, dtype, device, byte_order)
         model.load_weights(weights, "gguf" if keep_gguf else quantization)
     generation = {
         k: v for k, v in (("bos_token_id", config.bos_token_id), ("eos_token_id", config.eos_token_id)) if v is not None

@@ -80,7 +80,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     describe = None
     sliding_window_layers = True
 
-    def __init__(self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+    ) -> None:
+        """:raises ValueError: for a config this decoder cannot run, or a tensor-parallel
+        communicator ``comm`` (Gemma 3's layers are not split over ranks)."""
+        if comm is not None:
+            raise ValueError("Gemma 3 does not support tensor parallelism yet: use tensor_parallel_size=1")
         layer_types = list(getattr(config, "layer_types", None) or [])
         unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
         if len(layer_types) != config.num_hidden_layers or unknown:

@@ -15,6 +15,8 @@ from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
 from torch import nn
 
+from core.distributed.parallel import TensorParallel
+
 
 def concat_rows(parts: list[Any]) -> Any:
     """Stack weights (or biases) along their output dimension, for fused projections.
@@ -124,10 +126,14 @@ class Attention(nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         qk_norm_eps: float | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
-        """:param scale: the softmax scale (default ``head_size ** -0.5``).
+        """``num_heads``/``num_kv_heads``: this rank's heads.
+
+        :param scale: the softmax scale (default ``head_size ** -0.5``).
         :param sliding_window: attend to the last ``sliding_window`` positions only (a local layer).
         :param qk_norm_eps: RMS-normalize each head of q and k before the rotation (Gemma 3).
+        :param tp: sums the row-parallel output over tensor-parallel ranks.
         """
         super().__init__()
         if num_heads % num_kv_heads:
@@ -144,6 +150,7 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.qkv_proj = Linear(kernels, hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(kernels, self.q_size, hidden_size, o_bias)
+        self.tp = tp
         self.q_norm = RMSNorm(kernels, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(kernels, qk_norm_eps) if qk_norm_eps is not None else None
 
@@ -176,17 +183,25 @@ class Attention(nn.Module):
         # the window goes only to the layers that have one: kernels written before it keep working
         window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
         out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, **window)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.tp.all_reduce(out) if self.tp is not None else out
 
 
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one linear.
 
-    ``activation``: a Hugging Face ``hidden_act`` name, ``"silu"`` or ``"gelu_pytorch_tanh"``.
+    ``activation``: a Hugging Face ``hidden_act`` name, ``"silu"`` or ``"gelu_pytorch_tanh"``;
+    ``intermediate_size``: this rank's part; ``tp`` sums the row-parallel down projection.
     """
 
     def __init__(
-        self, kernels: Kernels, hidden_size: int, intermediate_size: int, bias: bool, activation: str = "silu"
+        self,
+        kernels: Kernels,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        activation: str = "silu",
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         acts = {"silu": kernels.silu_and_mul, "gelu_pytorch_tanh": kernels.gelu_tanh_and_mul}
@@ -195,6 +210,8 @@ class GatedMLP(nn.Module):
         self.act_and_mul = acts[activation]
         self.gate_up_proj = Linear(kernels, hidden_size, 2 * intermediate_size, bias)
         self.down_proj = Linear(kernels, intermediate_size, hidden_size, bias)
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(out) if self.tp is not None else out

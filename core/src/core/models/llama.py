@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
 from plugins.model import LayerDescription, LinearWeights, ModelDescription
 from torch import nn
 
+from core.distributed.parallel import TensorParallel
 from core.models.layers import Attention, GatedMLP, Linear, RMSNorm, concat_rows, held_bytes
 from core.models.rope import build_cos_sin_cache
 
@@ -43,13 +43,26 @@ def _linear(module: Linear) -> LinearWeights:
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention + gated MLP, with the residual add fused into the norms."""
 
-    def __init__(self, config: Any, kernels: Kernels, head_size: int, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self, config: Any, kernels: Kernels, head_size: int, qkv_bias: bool, o_bias: bool, tp: TensorParallel
+    ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
+        plan = tp.plan
         self.input_layernorm = RMSNorm(kernels, eps)
-        self.self_attn = Attention.from_config(config, kernels, head_size, qkv_bias=qkv_bias, o_bias=o_bias)
+        self.self_attn = Attention(
+            kernels,
+            config.hidden_size,
+            plan.num_heads,
+            plan.num_kv_heads,
+            head_size,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            tp=tp,
+        )
         self.post_attention_layernorm = RMSNorm(kernels, eps)
-        self.mlp = GatedMLP(kernels, config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        mlp_bias = getattr(config, "mlp_bias", False)
+        self.mlp = GatedMLP(kernels, config.hidden_size, plan.intermediate_size, mlp_bias, tp=tp)
 
     def forward(
         self,
@@ -75,24 +88,30 @@ class LlamaForCausalLM(nn.Module):
 
     Call ``model(input_ids, positions, kv_caches, attn_metadata)`` for the final hidden
     states of a flattened batch, then :meth:`compute_logits` on the rows to sample.
+    With a communicator ``comm`` the model is this rank's tensor-parallel shard
+    (:mod:`core.distributed.sharding`); its KV caches hold its own KV heads.
     """
 
     #: whether the model's attention honours ``config.sliding_window`` (else the loader caps the length at it)
     sliding_window_layers = False
 
-    def __init__(self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         self.kernels = kernels
         self.dtype = dtype
         self.device = torch.device(device)
         self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = config.num_key_value_heads
         self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.tp = TensorParallel.build(config, self.head_size, comm)
+        self.num_kv_heads = self.tp.plan.num_kv_heads
         qkv_bias, o_bias = self.attention_biases(config)
         self.layers = nn.ModuleList(self.make_layer(i, qkv_bias, o_bias) for i in range(self.num_layers))
         self.norm = RMSNorm(kernels, config.rms_norm_eps)
-        self.lm_head = Linear(kernels, config.hidden_size, config.vocab_size, has_bias=False)
+        vocab_part = self.tp.plan.vocab_stop - self.tp.plan.vocab_start
+        self.lm_head = Linear(kernels, config.hidden_size, vocab_part, has_bias=False)
         self.embed_tokens: torch.Tensor | None = None
         self.cos_sin_cache = self.rope_table()
 
@@ -104,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
 
     def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
         """Decoder layer ``index`` (empty; weights come with :meth:`load_weights`)."""
-        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias)
+        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp)
 
     @staticmethod
     def attention_biases(config: Any) -> tuple[bool, bool]:
@@ -120,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.tp.embed(input_ids, self.embed_tokens)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata, self.cos_sin_cache)
@@ -164,7 +183,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""
-        return self.lm_head(hidden).float()
+        return self.tp.gather_logits(self.lm_head(hidden)).float()
 
     def weights_bytes(self) -> int:
         """Bytes of every weight as held (prepared linears included, tied weights once)."""

@@ -36,8 +36,13 @@ def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
     )
 
 
-def build_model(config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """An empty (weightless) model for ``config``; fill it with ``model.load_weights(...)``."""
+def build_model(
+    config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+) -> LlamaForCausalLM:
+    """An empty (weightless) model for ``config``; fill it with ``model.load_weights(...)``.
+
+    With a communicator ``comm``, the model is that rank's tensor-parallel shard.
+    """
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"unsupported model dtype {dtype}; supported: float32, bfloat16, float16")
-    return get_model_class(getattr(config, "architectures", None))(config, kernels, dtype, device)
+    return get_model_class(getattr(config, "architectures", None))(config, kernels, dtype, device, comm)

@@ -1,6 +1,8 @@
 """The FastAPI app and ``run_server`` (what ``core serve`` calls).
 
-The engine is built and steps in its own thread before uvicorn starts.
+The engine (or each of ``--data-parallel-size`` replicas) is built and steps in its own
+thread before uvicorn starts. A failed worker of a split model stops the server: the
+requests in flight end, the others get 503, and ``core serve`` exits with status 1.
 SIGINT/SIGTERM drain: no new connections, the requests in flight get ``--drain-timeout``
 seconds to finish, then what is left is aborted (streams end with ``finish_reason: "abort"``)
 and the engine stops; a second signal aborts at once.
@@ -43,7 +45,7 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(fe.engine.shutdown)
+        await asyncio.to_thread(fe.shutdown)
         fe.close()
 
     app = FastAPI(title="core", version=__version__, lifespan=lifespan)
@@ -56,7 +58,7 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
 
     @app.get("/health")
     async def health() -> Response:
-        if not fe.engine.is_running:
+        if not fe.is_running:
             raise APIError(503, "the engine is not running")
         return Response(status_code=200)
 
@@ -115,9 +117,9 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
 class _Server(uvicorn.Server):
     """uvicorn, plus: log the URL once listening; drain on the first signal, abort on the second."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, fe: Frontend, drain_timeout: float) -> None:
         super().__init__(config)
-        self.engine = engine
+        self.fe = fe
         self.drain_timeout = drain_timeout
         self.abort_timer: threading.Timer | None = None
 
@@ -129,39 +131,62 @@ class _Server(uvicorn.Server):
                 shown = "localhost" if host in ("0.0.0.0", "::") else host
                 logger.info("ready: serving on http://%s:%d (Ctrl+C to stop)", shown, port)
 
+    async def on_tick(self, counter: int) -> bool:
+        if self.fe.failure is not None and not self.should_exit:
+            logger.error("stopping the server: %s", self.fe.failure)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.should_exit or self.drain_timeout <= 0:
             logger.info("signal %d: aborting requests in flight and stopping the engine", sig)
-            self.engine.shutdown(timeout=0)  # does not block: the engine thread aborts and stops
+            self.abort_engines()  # does not block: the engine thread aborts and stops
         else:
             logger.info(
                 "signal %d: draining: requests in flight have %g s to finish (again: abort now)",
                 sig,
                 self.drain_timeout,
             )
-            self.abort_timer = threading.Timer(self.drain_timeout, self.engine.shutdown, kwargs={"timeout": 0})
+            self.abort_timer = threading.Timer(self.drain_timeout, self.abort_engines)
             self.abort_timer.daemon = True
             self.abort_timer.start()
         super().handle_exit(sig, frame)
 
+    def abort_engines(self) -> None:
+        """Abort the requests in flight and stop every replica (does not wait)."""
+        for engine in self.fe.replicas:
+            engine.shutdown(timeout=0)
+
 
 def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
-    """Build the engine, then serve it until SIGINT/SIGTERM. Returns the exit status."""
-    engine = AsyncEngine(lambda: LLMEngine(config))
-    llm = engine.engine
+    """Build the engine replicas, then serve them until SIGINT/SIGTERM or a failed worker.
+
+    :return: the exit status: 0, or 1 when a worker failed.
+    """
+    engines: list[AsyncEngine] = []
+    try:
+        for replica in range(config.data_parallel_size):
+            engines.append(AsyncEngine(lambda replica=replica: LLMEngine(config, data_parallel_rank=replica)))
+    except BaseException:
+        for engine in engines:
+            engine.shutdown()
+        raise
+    llm = engines[0].engine
     model_name = llm.config.served_model_name or llm.loaded.name
     num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
     logger.info(
-        "serving %s on %s (dtype %s, max_model_len %d); KV cache: %d blocks = %d tokens, max concurrency at max length %.1fx",
+        "serving %s on %s (dtype %s, max_model_len %d, tensor parallel %d, data parallel %d); KV cache per replica: %d blocks = %d tokens, max concurrency at max length %.1fx",
         model_name,
         llm.platform.name,
         llm.config.dtype,
         llm.config.max_model_len,
+        llm.config.tensor_parallel_size,
+        llm.config.data_parallel_size,
         llm.kv_plan.num_blocks,
         num_tokens,
         num_tokens / llm.config.max_model_len,
     )
-    fe = Frontend(engine, model_name, args.max_queue_len)
+    fe = Frontend(engines, model_name, args.max_queue_len)
     app = build_app(fe, args.api_key, args.max_request_bytes)
     uv_config = uvicorn.Config(
         app,
@@ -171,9 +196,12 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.drain_timeout + 5,  # the drain, then aborted streams end
         log_config=None,  # keep the CLI's logging setup
     )
-    server = _Server(uv_config, engine, args.drain_timeout)
+    server = _Server(uv_config, fe, args.drain_timeout)
     server.run()
     if server.abort_timer is not None:
         server.abort_timer.cancel()
-    engine.shutdown()
+    fe.shutdown()
+    if fe.failure is not None:
+        logger.error("exiting: %s", fe.failure)
+        return 1
     return 0

@@ -3,6 +3,8 @@
 Tokenizing and chat templating run on one worker thread (a big prompt must not stall the
 event loop, and one thread keeps the tokenizer's use simple); the engine steps in its own
 thread (:class:`~core.async_engine.AsyncEngine`). The event loop only moves requests and bytes.
+With ``--data-parallel-size N`` there are N engine replicas (each its own workers, KV cache
+and CPUs); every request goes to the replica with the fewest requests in flight.
 """
 
 from __future__ import annotations
@@ -30,25 +32,34 @@ class Ticket:
 
     frontend: Frontend
     is_queued: bool = True
+    replica: int | None = None  # where it was routed, once it was
 
     def release(self) -> None:
         if self.is_queued:
             self.is_queued = False
             self.frontend.num_queued -= 1
+            if self.replica is not None:
+                self.frontend.queued[self.replica] -= 1
 
 
 class Frontend:
-    """The server's view of one engine: model name, limits, tokenizer, admission and streams."""
+    """The server's view of its engine replicas: model name, limits, tokenizer, admission, routing, streams.
 
-    def __init__(self, engine: AsyncEngine, model_name: str, max_queue_len: int) -> None:
-        self.engine = engine
-        llm = engine.engine
+    :param engines: one engine, or the data-parallel replicas (the same model and settings).
+    """
+
+    def __init__(self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int) -> None:
+        self.replicas = engines if isinstance(engines, list) else [engines]
+        self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
+        llm = self.engine.engine
         self.model_name = model_name
         self.tokenizer = llm.tokenizer
         self.max_model_len: int = llm.config.max_model_len
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
+        self.queued = [0] * len(self.replicas)  # of those, routed to each replica
+        self.in_flight = [0] * len(self.replicas)  # requests routed to each replica and not finished
         self.metrics = ServerMetrics(self.stats, model_name)
         self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="core-tokenizer")
         self._token_text: dict[int, str] = {}
@@ -56,10 +67,25 @@ class Frontend:
     def close(self) -> None:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
-    def stats(self) -> dict[str, Any]:
-        """The engine's stats, with requests admitted but not yet in the engine counted as waiting."""
-        stats = self.engine.stats()
-        stats["num_waiting"] = max(stats["num_waiting"], self.num_queued)
+    @property
+    def is_running(self) -> bool:
+        """Every replica is running (one that failed stops the server)."""
+        return all(engine.is_running for engine in self.replicas)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why a replica stopped for good (a failed worker), or None."""
+        return next((engine.failure for engine in self.replicas if engine.failure is not None), None)
+
+    def shutdown(self) -> None:
+        for engine in self.replicas:
+            engine.shutdown()
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each replica's stats, with requests routed to it but not yet in its engine counted as waiting."""
+        stats = [engine.stats() for engine in self.replicas]
+        for s, queued in zip(stats, self.queued, strict=True):
+            s["num_waiting"] = max(s["num_waiting"], queued)
         return stats
 
     # -- validation ------------------------------------------------------------------------
@@ -81,7 +107,7 @@ class Frontend:
 
     def admit(self, num_requests: int) -> list[Ticket]:
         """Tickets for ``num_requests`` engine requests, or 503 when the queue is full."""
-        if not self.engine.is_running:
+        if not self.is_running:
             raise APIError(503, "the engine is not running (shutting down or failed)")
         if self.num_queued + num_requests > self.max_queue_len:
             raise APIError(
@@ -162,7 +188,12 @@ class Frontend:
     ) -> AsyncIterator[RequestOutput]:
         """The engine's cumulative outputs of one request, with metrics; aborts when closed early."""
         tracker = self.metrics.track()
-        stream = self.engine.generate(request_id, params, prompt_token_ids=prompt_ids)
+        replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
+        if ticket.is_queued:
+            ticket.replica = replica
+            self.queued[replica] += 1
+        self.in_flight[replica] += 1
+        stream = self.replicas[replica].generate(request_id, params, prompt_token_ids=prompt_ids)
         try:
             async for out in stream:
                 ticket.release()
@@ -172,4 +203,5 @@ class Frontend:
             raise APIError(503, f"the engine is not running: {exc}") from exc
         finally:
             ticket.release()
+            self.in_flight[replica] -= 1
             await stream.aclose()

@@ -1,7 +1,7 @@
 """Prometheus metrics, named like vLLM's (``core:`` for ``vllm:``).
 
-Gauges and the prefix-cache counters are read from the engine's stats snapshot at scrape
-time; token counters and latency histograms are fed per request by :class:`RequestTracker`
+Gauges and the prefix-cache counters are read from each engine replica's stats snapshot
+at scrape time (label ``engine``: the data-parallel replica, as vLLM labels them); token counters and latency histograms are fed per request by :class:`RequestTracker`
 from the engine's own timestamps (so they measure the engine, not the event loop). Each
 server owns its registry: no process-wide state.
 """
@@ -41,16 +41,24 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 
 class _EngineStatsCollector:
-    """Reads the engine's stats snapshot on every scrape."""
+    """Reads every replica's stats snapshot on every scrape."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], list[dict[str, Any]]], model_name: str) -> None:
         self.stats = stats
-        self.labels = {"model_name": model_name}
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
-        names = list(self.labels)
-        values = list(self.labels.values())
+        names = ["model_name", "engine"]
+        families: dict[str, Metric] = {}
+        for index, s in enumerate(self.stats()):
+            for name, doc, kind, value in self._samples(s):
+                if name not in families:
+                    families[name] = kind(name, doc, labels=names)
+                families[name].add_metric([self.model_name, str(index)], float(value))
+        yield from families.values()
+
+    @staticmethod
+    def _samples(s: dict[str, Any]) -> Iterator[tuple[str, str, type, float]]:
         for name, doc, value in (
             ("core:num_requests_running", "Requests in the running batch.", s["num_running"]),
             (
@@ -61,21 +69,15 @@ class _EngineStatsCollector:
             ("core:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", s["kv_usage"]),
             ("core:prefix_cache_hit_rate", "Prefix cache hits / queries, in blocks, since start.", _ratio(s)),
         ):
-            gauge = GaugeMetricFamily(name, doc, labels=names)
-            gauge.add_metric(values, float(value))
-            yield gauge
+            yield name, doc, GaugeMetricFamily, value
         for name, doc, value in (
             ("core:prefix_cache_queries", "Blocks looked up in the prefix cache.", s["prefix_cache_queries"]),
             ("core:prefix_cache_hits", "Blocks found in the prefix cache.", s["prefix_cache_hits"]),
             ("core:num_preemptions", "Sequences preempted for lack of KV cache.", s["num_preemptions"]),
         ):
-            counter = CounterMetricFamily(name, doc, labels=names)
-            counter.add_metric(values, float(value))
-            yield counter
+            yield name, doc, CounterMetricFamily, value
         for name, value in s.get("platform", {}).items():
-            gauge = GaugeMetricFamily(f"core:platform_{name}", "Reported by the device platform.", labels=names)
-            gauge.add_metric(values, float(value))
-            yield gauge
+            yield f"core:platform_{name}", "Reported by the device platform.", GaugeMetricFamily, value
 
 
 def _ratio(stats: dict[str, Any]) -> float:
@@ -86,7 +88,7 @@ def _ratio(stats: dict[str, Any]) -> float:
 class ServerMetrics:
     """The metrics of one server; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], list[dict[str, Any]]], model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineStatsCollector(stats, model_name))
         label = ["model_name"]

@@ -186,6 +186,9 @@ class NativeCpuRunner(Runner):
         if not self.platform.env["CPU_FUSED_DECODE"]:
             logger.info("%s runner: eager (CPU_FUSED_DECODE=0)", self.platform.name)
             return
+        if config is not None and config.tensor_parallel_size > 1:  # the native decoder has no all-reduce
+            logger.info("%s runner: eager (tensor_parallel_size=%d)", self.platform.name, config.tensor_parallel_size)
+            return
         describe = getattr(model, "describe", None)
         try:
             _need(describe is not None, f"{type(model).__name__} does not describe itself (no describe())")

@@ -1,0 +1,143 @@
+"""``--distributed-executor-backend ray``: one Ray actor per tensor-parallel rank.
+
+The actors live in one placement group (a bundle of one CPU per rank, packed), on
+the Ray instance ``ray.init()`` finds: an existing cluster when ``RAY_ADDRESS`` is set
+(``ray start --head`` on one machine, ``ray start --address`` on the others), else a
+local one it starts. Rank 0's node address is the communicator's rendezvous point, so
+ranks may sit on different machines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from plugins import EngineConfigView, Platform
+from plugins.distributed import free_tcp_address
+
+from core.distributed.executor import HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, RemoteExecutor, WorkerFailed, worker_configs
+from core.distributed.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+# the variables a worker's platform reads travel with the actors (CPU binding, KV space, ...)
+_ENV_PREFIXES = ("CORE_", "VLLM_")
+
+
+class RankActor:
+    """The body of one rank's actor: a :class:`Worker` built once the rendezvous address is known."""
+
+    def __init__(self, platform_class: type, config: EngineConfigView, load_tokenizer: bool) -> None:
+        logging.basicConfig(level=logging.INFO, format=f"(rank {config.rank}) %(levelname)s %(name)s: %(message)s")
+        self.platform_class = platform_class
+        self.config = config
+        self.load_tokenizer = load_tokenizer
+        self.worker: Worker | None = None
+
+    def rendezvous_address(self) -> str:
+        """A free ``tcp://`` address on this actor's node (asked of rank 0)."""
+        import ray
+
+        return free_tcp_address(ray.util.get_node_ip_address())
+
+    def start(self, init_method: str) -> None:
+        self.worker = Worker(self.platform_class(), self.config, self.config.model, init_method, self.load_tokenizer)
+
+    def ping(self) -> None:
+        """Answer (the driver's liveness check)."""
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.worker, method)(*args)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+class RayExecutor(RemoteExecutor):
+    """Tensor-parallel ranks as Ray actors in a placement group."""
+
+    def __init__(self, platform: Platform, config: EngineConfigView, load_tokenizer: bool) -> None:
+        try:
+            import ray
+            from ray.util.placement_group import placement_group, remove_placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        except ImportError:
+            raise ValueError(
+                "distributed_executor_backend 'ray' needs Ray: pip install ray (or use --distributed-executor-backend mp)"
+            ) from None
+        self._ray = ray
+        self._remove_placement_group = remove_placement_group
+        self.num_workers = config.tensor_parallel_size
+        #: whether this executor started Ray (then it stops it too: Ray's own exit hook does not run
+        #: when the server dies of its re-raised SIGTERM, and its agents would outlive it)
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            ray.init(log_to_driver=True, include_dashboard=False)
+        self.group = placement_group([{"CPU": 1}] * self.num_workers, strategy="PACK")
+        self.actors: list[Any] = []
+        try:
+            ray.get(self.group.ready(), timeout=60)
+        except ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise ValueError(
+                f"Ray could not place {self.num_workers} workers of one CPU each within 60 s: "
+                f"the cluster has {ray.cluster_resources().get('CPU', 0)} CPUs"
+            ) from None
+        env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+        actor_class = ray.remote(num_cpus=1)(RankActor)
+        for r, worker_config in enumerate(worker_configs(config)):
+            strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r)
+            self.actors.append(
+                actor_class.options(scheduling_strategy=strategy, runtime_env={"env_vars": env}).remote(
+                    type(platform), worker_config, load_tokenizer and r == 0
+                )
+            )
+        try:
+            address = self._wait([self.actors[0].rendezvous_address.remote()], STARTUP_TIMEOUT_S)[0]
+            self._wait([a.start.remote(address) for a in self.actors], STARTUP_TIMEOUT_S)
+            self.setup()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def call_all(self, method: str, *args: Any, timeout: float | None) -> list[Any]:
+        refs = [actor.call.remote(method, *args) for actor in self.actors]
+        try:
+            return self._wait(refs, timeout if timeout is not None else HANG_TIMEOUT_S)
+        except WorkerFailed:
+            self.shutdown()
+            raise
+
+    def check_health(self) -> None:
+        try:
+            self._wait([actor.ping.remote() for actor in self.actors], HANG_TIMEOUT_S)
+        except WorkerFailed:
+            self.shutdown()
+            raise
+
+    def _wait(self, refs: list[Any], timeout: float) -> list[Any]:
+        """The results of one call per rank; a failed or silent actor raises :class:`WorkerFailed`."""
+        ray = self._ray
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for ref in ready:  # an actor that died or raised answers with its error
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                raise WorkerFailed(refs.index(ref), str(exc).splitlines()[0]) from None
+        if pending:
+            raise WorkerFailed(refs.index(pending[0]), f"no answer within {timeout:.0f} s (hung)")
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        """Kill every actor, release the placement group, stop Ray if this executor started it."""
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []
+        if self.group is not None:
+            self._remove_placement_group(self.group)
+            self.group = None
+        if self.owns_ray:
+            self._ray.shutdown()
+            self.owns_ray = False

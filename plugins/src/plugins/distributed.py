@@ -1,0 +1,190 @@
+"""Collectives among the ranks that share one model (tensor parallelism).
+
+:class:`Communicator` is the SDK default: ``torch.distributed`` all-reduce and
+all-gather over the platform's :attr:`plugins.Platform.distributed_backend` (gloo for
+the CPU plugins, nccl for cuda/rocm, ...). A platform with a faster path (a
+shared-memory all-reduce, a vendor library) returns a subclass from
+:meth:`plugins.Platform.make_communicator`; the conformance kit checks it with two
+processes (:func:`check_communicator`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import pickle
+import socket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def free_tcp_address(host: str = "127.0.0.1") -> str:
+    """A ``tcp://host:port`` init address on a port that is free now (for local process groups)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+class Communicator:
+    """Sum and gather tensors across ``world_size`` ranks through ``torch.distributed``.
+
+    Every rank constructs one with the same ``init_method`` and ``world_size`` and its
+    own ``rank``; the constructor returns once all ranks have joined.
+
+    :param backend: the ``torch.distributed`` backend name (``"gloo"``, ``"nccl"``, ...).
+    :param rank: this process's rank, ``0 <= rank < world_size``.
+    :param world_size: number of ranks.
+    :param init_method: rendezvous address every rank uses, e.g. ``tcp://127.0.0.1:29500``.
+    :param timeout_s: how long a collective may wait for the other ranks before it raises.
+    """
+
+    def __init__(self, backend: str, rank: int, world_size: int, init_method: str, timeout_s: float = 600.0) -> None:
+        import torch.distributed as dist
+
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [0, {world_size})")
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        logger.info("rank %d/%d joined the %s process group at %s", rank, world_size, backend, init_method)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over all ranks, in place; returns it."""
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` (same shape on all ranks) along ``dim``, in rank order."""
+        import torch
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts, dim=dim)
+
+    def close(self) -> None:
+        """Leave the process group (idempotent)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _class_ref(cls: type) -> tuple[str, str | None, str]:
+    """What a spawned process needs to import ``cls``: module name, its file, qualified name."""
+    import sys
+
+    return cls.__module__, getattr(sys.modules[cls.__module__], "__file__", None), cls.__qualname__
+
+
+def _import_class(ref: tuple[str, str | None, str]) -> type:
+    """The class of :func:`_class_ref`, by module name or else from its file (test modules
+    that pytest imported under a name the child cannot import)."""
+    import importlib
+    import importlib.util
+
+    module_name, file, qualname = ref
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        if file is None:
+            raise
+        spec = importlib.util.spec_from_file_location(f"_kit_{module_name.replace('.', '_')}", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_rank(
+    platform_ref: tuple[str, str | None, str], rank: int, world_size: int, init_method: str, results: Any
+) -> None:
+    """One rank of :func:`check_communicator` (module level, so ``spawn`` can pickle it)."""
+    import torch
+
+    try:
+        platform = _import_class(platform_ref)()
+        device = platform.torch_device()
+        comm = platform.make_communicator(rank, world_size, init_method)
+        try:
+            report = {}
+            for dtype in (torch.float32, torch.bfloat16):
+                gen = torch.Generator().manual_seed(1000 + rank)
+                x = torch.randn(5, 33, generator=gen).to(dtype)
+                summed = comm.all_reduce(x.clone().to(device)).cpu()
+                gathered = comm.all_gather(x.to(device), dim=-1).cpu()
+                report[str(dtype)] = (x, summed, gathered)
+        finally:
+            comm.close()
+        # plain pickle bytes: torch's queue reduction would share memory the exiting child frees
+        results.put((rank, pickle.dumps(report), None))
+    except Exception as exc:  # reported to the parent, which fails the check with it
+        results.put((rank, None, f"{type(exc).__name__}: {exc}"))
+
+
+def check_communicator(platform_class: type, world_size: int = 2, timeout_s: float = 120.0) -> None:
+    """Run a platform's communicator in ``world_size`` fresh processes and check its results.
+
+    Each rank all-reduces and all-gathers its own random tensors (float32 and bfloat16);
+    the sums must match the float32 sum of every rank's inputs and the gather their
+    concatenation in rank order.
+
+    :raises AssertionError: naming the rank, dtype and op that gave a wrong result, a
+        rank's exception, or the ranks that did not answer within ``timeout_s``.
+    """
+    import multiprocessing
+    import queue
+
+    import torch
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    address = free_tcp_address()
+    procs = [
+        ctx.Process(target=_check_rank, args=(_class_ref(platform_class), r, world_size, address, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    reports: dict[int, Any] = {}
+    try:
+        for _ in range(world_size):
+            rank, report, error = results.get(timeout=timeout_s)
+            assert error is None, f"communicator of {platform_class.__name__}, rank {rank}: {error}"
+            reports[rank] = pickle.loads(report)
+    except queue.Empty:
+        missing = sorted(set(range(world_size)) - set(reports))
+        raise AssertionError(f"communicator ranks {missing} did not answer within {timeout_s:.0f} s") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for dtype in reports[0]:
+        inputs = [reports[r][dtype][0] for r in range(world_size)]
+        expected_sum = sum(x.float() for x in inputs)
+        expected_gather = torch.cat(inputs, dim=-1)
+        tol = 1e-5 if dtype == "torch.float32" else 2e-2
+        for rank in range(world_size):
+            _, summed, gathered = reports[rank][dtype]
+            assert torch.allclose(summed.float(), expected_sum, rtol=tol, atol=tol), (
+                f"all_reduce on rank {rank} ({dtype}) differs from the sum of the ranks' inputs"
+            )
+            assert torch.equal(gathered, expected_gather), (
+                f"all_gather on rank {rank} ({dtype}) is not the ranks' inputs in rank order"
+            )
