@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import httpx
-import pytest
 
 
 def test_sigterm_lets_the_request_in_flight_finish(tiny_llama, start_server):
@@ -21,8 +21,7 @@ def test_sigterm_lets_the_request_in_flight_finish(tiny_llama, start_server):
                         events.append(line)
                         if len(events) == 2:
                             server.proc.send_signal(signal.SIGTERM)
-                            with pytest.raises(httpx.ConnectError):  # draining: no new connections
-                                httpx.get(f"{server.url}/health", timeout=5)
+                            assert _refuses_connections(server.url)  # draining: no new connections
         chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["length"]
         assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 150 and events[-1] == "data: [DONE]"
@@ -30,3 +29,16 @@ def test_sigterm_lets_the_request_in_flight_finish(tiny_llama, start_server):
         assert "draining" in server.log
     finally:
         server.stop()
+
+
+def _refuses_connections(url: str, within: float = 10.0) -> bool:
+    """Whether new connections are refused within ``within`` seconds (the signal is handled
+    asynchronously: on a loaded machine a probe sent at once can still get in)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=5)
+        except httpx.ConnectError:
+            return True
+        time.sleep(0.05)
+    return False
