@@ -86,13 +86,16 @@ class XlaKernels(Kernels):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Each token attends to keys ``0 .. context_lens[t] - 1`` of its sequence's
-        blocks, gathered per token: ``[T, max_model_len]`` keys, float32 math.
+        blocks (with a ``sliding_window`` W, only the last W of them), gathered per token:
+        ``[T, max_model_len]`` keys, float32 math.
 
         Without the per-token layout of :class:`XlaAttentionMetadata` (a caller other
-        than the runner) it is derived from the host lengths first."""
-        if self.use_pallas:
+        than the runner) it is derived from the host lengths first. Windowed layers take
+        the gathered path also when Pallas is on (the ragged kernel is called unwindowed)."""
+        if self.use_pallas and sliding_window is None:
             return self.ragged_attention(q, k_cache, v_cache, meta, scale)
         num_tokens, num_heads, head_size = q.shape
         block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -108,6 +111,8 @@ class XlaKernels(Kernels):
         scores = torch.einsum("tkgd,tlkd->tkgl", query, keys) * scale
         key_pos = torch.arange(slots.shape[1], dtype=torch.int32, device=q.device)
         visible = key_pos.unsqueeze(0) < meta.context_lens.unsqueeze(1)  # [T, L]
+        if sliding_window is not None:  # the query sits at context_lens - 1
+            visible &= key_pos.unsqueeze(0) >= meta.context_lens.unsqueeze(1) - sliding_window
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         out = torch.einsum("tkgl,tlkd->tkgd", torch.softmax(scores, dim=-1), values)
         return out.reshape(num_tokens, num_heads, head_size).to(q.dtype)
