@@ -19,11 +19,9 @@ from dataclasses import dataclass, field
 import pluggy
 import plugins
 from plugins import PLATFORM_API_VERSION, Platform, PlatformUnavailable, PluginError, hookspecs
-from plugins.hookspecs import FIRST_PARTY_DEVICES
+from plugins.hookspecs import ENTRY_POINT_GROUP, FIRST_PARTY_DEVICES
 
 logger = logging.getLogger(__name__)
-
-ENTRY_POINT_GROUP = "core.platforms"
 
 
 @dataclass

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 from plugins.config import EngineConfigView
+from plugins.memory import MiB
 from plugins.runner import ModelInputs, Runner
 
 from plugin_cuda.graphs import StaticInputs, padded_size, select_capture_sizes
 
 logger = logging.getLogger(__name__)
 
-MiB = 1 << 20
 
 #: memory one captured graph is assumed to take beyond its activations (graph exec
 #: objects, per-graph buffers); ~67 sizes then reserve ~0.5 GiB, vLLM's usual figure
