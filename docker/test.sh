@@ -66,7 +66,7 @@ phase "invalid variable"
 # ---- serve on loopback (host network): healthy, the variables show, real answers
 started=$SECONDS
 docker run -d --name "$NAME" --network host -e CORE_CPU_KVCACHE_SPACE=1 -e VLLM_CPU_OMP_THREADS_BIND=auto \
-    "$IMAGE" --host 127.0.0.1 --port "$PORT" --dtype float32 --drain-timeout 30 >/dev/null
+    "$IMAGE" --host 127.0.0.1 --port "$PORT" --dtype float32 --drain-timeout 60 >/dev/null
 until curl -sf "$URL/health" >/dev/null; do
     [ "$(docker inspect -f '{{.State.Running}}' "$NAME")" = true ] || fail "container exited: $(docker logs "$NAME" 2>&1 | tail -20)"
     [ $((SECONDS - started)) -lt 180 ] || fail "not healthy after 180 s"
@@ -86,12 +86,16 @@ phase "serve"
 
 # ---- docker stop while a request runs: it completes, the container exits 0
 curl -sf "$URL/v1/completions" -H 'content-type: application/json' \
-    -d '{"prompt":"Once upon a time","max_tokens":96,"ignore_eos":true,"temperature":0}' >"/tmp/$NAME.json" &
+    -d '{"prompt":"Once upon a time","max_tokens":512,"ignore_eos":true,"temperature":0}' >"/tmp/$NAME.json" &
 client=$!
-sleep 1
-docker stop -t 40 "$NAME" >/dev/null
+# stop only once the server reports the request running (a fixed sleep let a fast machine finish it first)
+until curl -sf "$URL/metrics" | grep -Eq '^core:num_requests_running\{[^}]*\} [1-9]'; do
+    kill -0 "$client" 2>/dev/null || fail "the request finished before it was seen running"
+    sleep 0.05
+done
+docker stop -t 70 "$NAME" >/dev/null
 wait "$client" || fail "the request in flight at docker stop failed"
-grep -q '"completion_tokens":96' "/tmp/$NAME.json" || fail "request in flight cut short: $(cat "/tmp/$NAME.json")"
+grep -q '"completion_tokens":512' "/tmp/$NAME.json" || fail "request in flight cut short: $(cat "/tmp/$NAME.json")"
 rm -f "/tmp/$NAME.json"
 code=$(docker inspect -f '{{.State.ExitCode}}' "$NAME")
 [ "$code" = 0 ] || fail "exit code $code after docker stop: $(docker logs "$NAME" 2>&1 | tail -5)"
