@@ -180,3 +180,16 @@ def test_nobind_leaves_threads_alone(monkeypatch):
     plat = HostCpuPlatform()
     affinity = _in_thread(lambda: (plat.init_device(engine_config()), sorted(os.sched_getaffinity(0)))[1])
     assert affinity == sorted(os.sched_getaffinity(0)) and plat.frontend_cpus is None
+
+
+def test_default_step_budget_is_a_quarter_second_of_prefill_on_the_bound_cores(monkeypatch):
+    """250 prompt tokens/s per core for 0.25 s, rounded up to 16, within [64, 2048]."""
+    mine = process_cpus()
+    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]}")
+    assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == 64  # 62.5 -> the floor
+    if len(mine) >= 2:
+        monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]},{mine[1]}")
+        assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == 128
+    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "nobind")  # every allowed CPU, shared by the ranks
+    expected = min(2048, max(64, -(-int(62.5 * len(mine)) // 16) * 16))
+    assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == expected
