@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         report(data)
         if a.results:
             write_latency(Path(a.results), data)
+        if a.json:
+            Path(a.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
         return 0
     data["floors"] = run_part(a, "floors")
     data["machine"] = data["floors"].pop("machine", {})

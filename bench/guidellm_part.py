@@ -100,6 +100,9 @@ def run_profile(
             raise RuntimeError(f"guidellm failed ({result.returncode}): {(result.stdout + result.stderr)[-1500:]}")
         (bench,) = json.loads(out.read_text())["benchmarks"]
     m = bench["metrics"]
+    # the population /metrics counts: every request that got a first token, finished or cut off at the end
+    timings = [r["info"]["timings"] for group in ("successful", "incomplete") for r in bench["requests"][group]]
+    ttfts = [t["first_token_iteration"] - t["request_start"] for t in timings if t["first_token_iteration"]]
 
     def stat(name: str, group: str, key: str) -> float:
         s = m[name][group]
@@ -110,7 +113,8 @@ def run_profile(
         "requests": m["request_totals"],
         "ttft_ms": {"p50": stat("time_to_first_token_ms", "successful", "p50"),
                     "p95": stat("time_to_first_token_ms", "successful", "p95"),
-                    "mean_all": stat("time_to_first_token_ms", "total", "mean")},
+                    "mean_first_token_s": sum(ttfts) / len(ttfts) if ttfts else None,
+                    "num_first_token": len(ttfts)},
         "itl_ms": {"p50": stat("inter_token_latency_ms", "successful", "p50")},
         "output_tok_s": stat("output_tokens_per_second", "total", "mean"),
         "prompt_tokens": stat("prompt_token_count", "successful", "p50"),

@@ -129,10 +129,8 @@ def latency_rows(d: dict) -> list[list[str]]:
             r = _get(lat, server, profile)
             if r is None:
                 continue
-            served = _get(r, "metrics_ttft", "mean_s")
-            both = f"{_num(_get(r, 'ttft_ms', 'mean_all'), 0)} / " + (
-                _num(served * 1e3, 0) if served is not None else "-"
-            )
+            client, served = _get(r, "ttft_ms", "mean_first_token_s"), _get(r, "metrics_ttft", "mean_s")
+            both = " / ".join(_num(v * 1e3, 0) if v is not None else "-" for v in (client, served))
             done = r.get("requests") or {}
             rows.append([profile, server, _num(_get(r, "ttft_ms", "p50"), 0), _num(_get(r, "ttft_ms", "p95"), 0),
                          _num(_get(r, "itl_ms", "p50")), _num(r.get("output_tok_s")), both,
@@ -154,8 +152,9 @@ def render_latency(d: dict) -> str:
         f"servers: `{_get(lat, 'core serve', 'server_command')}`; `{_get(lat, 'llama-server', 'server_command')}`",
         f"one profile's guidellm command: `guidellm {example}`",
         "TTFT p50/p95 and ITL p50 over the completed requests; output tok/s over every request (guidellm's "
-        "server throughput); TTFT mean over every request that got a first token, as the client saw it and as "
-        "`core serve`'s `/metrics` histogram counted it between the profile's start and end",
+        "server throughput); TTFT mean over every request that got a first token (guidellm's per-request "
+        "timings: first token - request start), as the client saw it and as `core serve`'s `/metrics` histogram "
+        "counted it between the profile's start and end",
     ]
     return "\n\n".join([
         "## Serving latency under load (guidellm, issue 24)",

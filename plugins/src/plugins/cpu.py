@@ -33,8 +33,9 @@ AUTO_KV_FRACTION = 0.4
 #: ... capped at this many bytes (a small model seldom needs more)
 AUTO_KV_CAP = 8 * GiB
 #: the default step token budget is this many seconds of prefill: the most a long prompt
-#: (or a burst of them) adds to a decoding request's inter-token latency ...
-STEP_PREFILL_SECONDS = 0.25
+#: (or a burst of them) adds to a decoding request's inter-token latency, and about what a
+#: short chat prompt (~150 tokens) takes, so one arriving alone is prefilled in one step ...
+STEP_PREFILL_SECONDS = 0.3
 #: ... at this prefill rate per compute core (prompt tokens/s): measured ~500 tok/s on two
 #: AMD EPYC (Zen 1, AVX2) cores for the default model in float32 (issue 24); bigger models
 #: prefill slower, so their steps take longer than the target
@@ -236,7 +237,7 @@ class CpuPlatform(Platform):
     def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
         """:data:`STEP_PREFILL_SECONDS` of prefill on the cores rank 0 will bind
         (:data:`PREFILL_TOKENS_PER_S_PER_CORE` each), rounded up to a multiple of 16 and
-        kept within [64, 2048]: 128 on 2 cores, 2048 from 33 cores up."""
+        kept within [64, 2048]: 160 on 2 cores, 2048 from 28 cores up."""
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
         num_ranks = config.tensor_parallel_size * config.data_parallel_size
         allowed = process_cpus()
