@@ -132,9 +132,10 @@ def latency_rows(d: dict) -> list[list[str]]:
             client, served = _get(r, "ttft_ms", "mean_first_token_s"), _get(r, "metrics_ttft", "mean_s")
             both = " / ".join(_num(v * 1e3, 0) if v is not None else "-" for v in (client, served))
             done = r.get("requests") or {}
-            rows.append([profile, server, _num(_get(r, "ttft_ms", "p50"), 0), _num(_get(r, "ttft_ms", "p95"), 0),
-                         _num(_get(r, "itl_ms", "p50")), _num(r.get("output_tok_s")), both,
-                         f"{done.get('successful')} / {done.get('total')}"])  # fmt: skip
+            some = done.get("successful") or None  # guidellm reports 0 for the statistics of no request
+            rows.append([profile, server, _num(some and _get(r, "ttft_ms", "p50"), 0),
+                         _num(some and _get(r, "ttft_ms", "p95"), 0), _num(some and _get(r, "itl_ms", "p50")),
+                         _num(r.get("output_tok_s")), both, f"{done.get('successful')} / {done.get('total')}"])  # fmt: skip
     return rows
 
 
