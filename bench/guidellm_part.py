@@ -12,6 +12,7 @@ Nothing here runs in CI.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -129,7 +130,8 @@ def measure(model: str | None, model_path: str, threads: int, seconds: int, prom
     llama = [str(paths["server"]), "-m", model_path, "--host", "127.0.0.1", "--port", "{port}", "-t", str(threads),
              "-tb", str(threads), "-np", str(slots), "-c", str(slots * (prompt + output + 96))]  # fmt: skip
     servers = {"core serve": serve_part.core_serve_cmd(model, None), "llama-server": llama}
-    results: dict = {"guidellm": GUIDELLM, "seconds": seconds, "prompt": prompt, "output": output}
+    results: dict = {"guidellm": GUIDELLM, "seconds": seconds, "prompt": prompt, "output": output,
+                     "logical_cpus": os.cpu_count(), "load_average_1m": [os.getloadavg()[0]]}  # fmt: skip
     for name, cmd in servers.items():
         results[name] = {"server_command": " ".join(cmd)}
         with serve_part.server(cmd, name) as base_url:
@@ -140,5 +142,6 @@ def measure(model: str | None, model_path: str, threads: int, seconds: int, prom
                 if before is not None:
                     figures["metrics_ttft"] = histogram_summary(before, ttft_histogram(base_url))
                 results[name][label] = figures
+                results["load_average_1m"].append(os.getloadavg()[0])
                 print(f"{name} {label}: {json.dumps(figures)}", file=sys.stderr, flush=True)
     return results

@@ -150,6 +150,9 @@ def render_latency(d: dict) -> str:
         f"{_num(next(iter(core_profiles.values()), {}).get('prompt_tokens'), 0)}), {lat.get('output')} output tokens, "
         f"streaming `/v1/chat/completions`, {lat.get('seconds')} s per profile, each server fresh and warmed by 5 s of "
         "synchronous requests; servers and client pinned to the same CPUs",
+        "1-minute load average at the start and after each profile: "
+        + ", ".join(_num(x) for x in lat.get("load_average_1m") or [])
+        + f" ({lat.get('logical_cpus')} logical CPUs; above that, other work skews every figure)",
         f"servers: `{_get(lat, 'core serve', 'server_command')}`; `{_get(lat, 'llama-server', 'server_command')}`",
         f"one profile's guidellm command: `guidellm {example}`",
         "TTFT p50/p95 and ITL p50 over the completed requests; output tok/s over every request (guidellm's "
