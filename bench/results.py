@@ -151,8 +151,8 @@ def render_latency(d: dict) -> str:
         f"streaming `/v1/chat/completions`, {lat.get('seconds')} s per profile, each server fresh and warmed by 5 s of "
         "synchronous requests; servers and client pinned to the same CPUs",
         "1-minute load average at the start and after each profile: "
-        + ", ".join(_num(x) for x in lat.get("load_average_1m") or [])
-        + f" ({lat.get('logical_cpus')} logical CPUs; above that, other work skews every figure)",
+        + (", ".join(_num(x) for x in lat["load_average_1m"]) if "load_average_1m" in lat else "not recorded")
+        + f" ({lat.get('logical_cpus', 'n/a')} logical CPUs; above that, other work skews every figure)",
         f"servers: `{_get(lat, 'core serve', 'server_command')}`; `{_get(lat, 'llama-server', 'server_command')}`",
         f"one profile's guidellm command: `guidellm {example}`",
         "TTFT p50/p95 and ITL p50 over the completed requests; output tok/s over every request (guidellm's "
