@@ -110,7 +110,7 @@ def run_profile(
         return s["percentiles"][key] if key.startswith("p") else s[key]
 
     return {
-        "command": " ".join(cmd[1:]).replace(str(out), "run.json"),
+        "command": " ".join(cmd[1:]).replace(str(out), "run.json").replace(base_url, "http://<server>"),
         "requests": m["request_totals"],
         "ttft_ms": {"p50": stat("time_to_first_token_ms", "successful", "p50"),
                     "p95": stat("time_to_first_token_ms", "successful", "p95"),

@@ -147,7 +147,8 @@ def render_latency(d: dict) -> str:
     about = [
         f"date: {d.get('date')}; command: `{d.get('command')}`",
         f"{lat.get('guidellm')}: synthetic chat prompts of {lat.get('prompt')} tokens (with the chat template: "
-        f"{_num(next(iter(core_profiles.values()), {}).get('prompt_tokens'), 0)}), {lat.get('output')} output tokens, "
+        f"{_num(max((p.get('prompt_tokens') or 0 for p in core_profiles.values()), default=None), 0)}), "
+        f"{lat.get('output')} output tokens, "
         f"streaming `/v1/chat/completions`, {lat.get('seconds')} s per profile, each server fresh and warmed by 5 s of "
         "synchronous requests; servers and client pinned to the same CPUs",
         "1-minute load average at the start and after each profile: "
