@@ -190,6 +190,9 @@ def test_default_step_budget_is_0_3_s_of_prefill_on_the_bound_cores(monkeypatch)
     if len(mine) >= 2:
         monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]},{mine[1]}")
         assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == 160
+    if len(mine) >= 2:  # tensor parallel: each rank binds one core, and the two compute each step together
+        monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]}|{mine[1]}")
+        assert HostCpuPlatform().default_max_num_batched_tokens(engine_config(tensor_parallel_size=2)) == 160
     monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "nobind")  # every allowed CPU, shared by the ranks
     expected = min(2048, max(64, -(-int(75 * len(mine)) // 16) * 16))
     assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == expected

@@ -2,10 +2,10 @@
 
 In order: validate the user's settings -> choose the platform -> merge its
 ``check_config`` overrides -> resolve the dtype -> resolve ``max_model_len`` against the
-model's own limit -> the scheduler's token budget (the platform's default unless set). The result is the read-only
-:class:`plugins.EngineConfigView` every later step (device set-up, loading, the memory
-profiler, the runner) receives. Only the KV plan is left: it needs the loaded weights
-(:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
+model's own limit -> the scheduler's token budget (the platform's default unless set).
+The result is the read-only :class:`plugins.EngineConfigView` every later step (device
+set-up, loading, the memory profiler, the runner) receives. Only the KV plan is left: it
+needs the loaded weights (:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
 """
 
 from __future__ import annotations
