@@ -27,7 +27,7 @@ class EngineConfig:
     quantization: str | None = None  # None, "int8" (weight-only) or "gguf" (kept as in the file)
     max_model_len: int | None = None  # None = the model's own limit
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # new tokens per step; None = the platform's default
     block_size: int = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -56,7 +56,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", "-q", default=None, choices=("int8", "gguf"))
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="most new tokens per engine step (default: the platform's; 2048 unless it sets one)",
+    )
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching
