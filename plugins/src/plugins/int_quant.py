@@ -59,6 +59,12 @@ class IntWeight:
     def cols(self) -> int:
         return self.codes.shape[1]
 
+    def to(self, device: torch.device) -> IntWeight:
+        """The same weight with its tensors on ``device``."""
+        moved = {f: getattr(self, f) for f in ("codes", "scales", "zeros", "perm")}
+        moved = {f: None if t is None else t.to(device) for f, t in moved.items()}
+        return IntWeight(**moved, bits=self.bits, group_size=self.group_size, activations=self.activations)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[rows, cols]`` weight, columns in input-feature order."""
         q = self.codes.float()
