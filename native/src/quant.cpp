@@ -39,8 +39,10 @@ struct QAct {
   long nb;
 };
 
-// per_row: one scale for the whole row (dynamic per-token int8, compressed-tensors' W8A8),
-// written to each of its blocks; else one per block of 32
+// per_row: one scale for the whole row, written to each of its blocks: compressed-tensors'
+// dynamic per-token int8 (W8A8), whose scale is max|x| / 127.5 (codes clamped to +-127 here:
+// the extreme element it would round to -128 or 128 loses half a level); else one scale
+// max|x| / 127 per block of 32
 template <typename T>
 static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, bool per_row,
                           int nthreads) {
@@ -55,12 +57,14 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
         float amax = row_amax;
         if (!per_row)
           for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float levels = per_row ? 127.5f : 127.0f;
+        const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
         int sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < kBlock; ++i) {
           float v = to_f32(xb[i]) * id;
           int qi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+          qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
           qb[i] = (int8_t)qi;
           sum += qi;
         }

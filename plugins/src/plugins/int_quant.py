@@ -87,8 +87,9 @@ class IntWeight:
 
 
 def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:
-    """``x`` rounded to int8 per row (symmetric, scale ``max|row| / 127``), returned dequantized."""
-    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    """``x`` rounded to int8 per row, returned dequantized: compressed-tensors' dynamic per-token
+    symmetric scheme (scale ``max|row| / 127.5``, codes clamped to [-128, 127])."""
+    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.5).clamp_min(torch.finfo(torch.float32).tiny)
     return torch.round(x / scale).clamp_(-128, 127) * scale
 
 
