@@ -89,7 +89,7 @@ def _pack_int32(fields: torch.Tensor, bits: int, dim: int, order: tuple[int, ...
     shifts = torch.arange(0, 32, bits, dtype=torch.int64)
     packed = (grouped << shifts).sum(-1)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return packed.movedim(-1, dim)
+    return packed.movedim(-1, dim).contiguous()
 
 
 def to_gptq(weight: IntWeight, group_order: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

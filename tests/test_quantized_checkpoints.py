@@ -1,0 +1,197 @@
+"""Quantized Hugging Face checkpoints: our greedy decoding vs transformers on the same checkpoint.
+
+Tiny random Llama and Qwen2 models are quantized in the test (round to nearest, by the
+``compressed-tensors`` package) and saved as llm-compressor saves them. transformers
+loads them with ``CompressedTensorsConfig(run_compressed=False)`` (decompressed weights,
+W8A8's activations fake-quantized per token): the reference. We load them kept as stored,
+with the SDK's reference kernels and with cpu_x86's native ones. Parity: equal greedy
+tokens, or at the first difference each side's token in the other's top 5.
+
+The legacy AutoGPTQ (with act-order ``g_idx``) and AutoAWQ layouts are checked against
+transformers on the same weights in compressed-tensors form: transformers needs gptqmodel
+or autoawq to read those layouts, source packages with no CPU wheels, not installed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from core.loader import load_model
+from core.models.standalone import StandaloneRunner
+from plugins.errors import UnsupportedFeature
+from plugins.int_quant import from_compressed
+from plugins.kernels import Kernels
+from plugins.reference import tiny_model_config
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+pytest.importorskip("compressed_tensors")
+from plugins.quant_testing import quantize_rtn, save_compressed, scheme, to_awq, to_gptq  # noqa: E402
+
+#: name -> (bits, symmetric, group size or None, int8 activations)
+SCHEMES = {
+    "w8a8": (8, True, None, True),
+    "w4a16": (4, True, 32, False),
+    "w4a16-asym": (4, False, 32, False),
+    "w8a16": (8, True, None, False),
+    "w4a16-asym-channel": (4, False, None, False),
+}
+ARCHS = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+PROMPTS = [[5, 17, 33, 9, 100, 41, 7], [3, 150, 22], [90, 12, 61, 22, 8, 77, 31, 45, 120, 11, 64, 5, 19]]
+NUM_STEPS = 6
+
+
+def save_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over the tiny vocabulary (the loader reads one from the directory)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w1", eos_token="w2", unk_token="w0")
+    fast.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """``(arch, scheme) -> directory`` of compressed-tensors checkpoints, built on first use."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, name: str) -> Path:
+        if (arch, name) not in made:
+            directory = tmp_path_factory.mktemp(f"{arch}-{name}")
+            config = tiny_model_config(ARCHS[arch], initializer_range=0.1, tie_word_embeddings=arch == "qwen2")
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            quantize_rtn(model, scheme(*SCHEMES[name]))
+            save_compressed(model, directory)
+            save_tokenizer(directory, config.vocab_size)
+            made[(arch, name)] = directory
+        return made[(arch, name)]
+
+    return get
+
+
+def transformers_model(directory: Path):
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    config = CompressedTensorsConfig(run_compressed=False)
+    return AutoModelForCausalLM.from_pretrained(directory, quantization_config=config).eval()
+
+
+def native_kernels():
+    from plugin_cpu_x86.platform import CpuX86Platform
+
+    return CpuX86Platform().kernels
+
+
+KERNELS = {"reference": Kernels, "cpu_x86": native_kernels}
+
+
+def assert_greedy_parity(hf_model, loaded) -> int:
+    """Greedy decoding of :data:`PROMPTS` by both; returns how many sequences match token for token."""
+    runner = StandaloneRunner(loaded.model, len(PROMPTS), max(map(len, PROMPTS)) + NUM_STEPS, block_size=4)
+    ours, our_logits = runner.greedy(PROMPTS, NUM_STEPS)
+    equal = 0
+    for i, prompt in enumerate(PROMPTS):
+        sequence = list(prompt)
+        for step in range(NUM_STEPS):
+            with torch.no_grad():
+                reference = hf_model(torch.tensor([sequence])).logits[0, -1].float()
+            theirs, mine = int(reference.argmax()), ours[i][step]
+            if theirs != mine:
+                assert mine in reference.topk(5).indices.tolist(), f"prompt {i} step {step}: ours {mine} not in top 5"
+                assert theirs in our_logits[step][i].topk(5).indices.tolist(), f"prompt {i} step {step}"
+                break
+            sequence.append(theirs)
+        else:
+            equal += 1
+    return equal
+
+
+@pytest.mark.parametrize("kernels", list(KERNELS))
+@pytest.mark.parametrize("arch,name", [("llama", n) for n in SCHEMES] + [("qwen2", "w8a8"), ("qwen2", "w4a16-asym")])
+def test_compressed_tensors_parity(checkpoints, kernels, arch, name):
+    directory = checkpoints(arch, name)
+    loaded = load_model(str(directory), kernels=KERNELS[kernels](), dtype=torch.float32, device=torch.device("cpu"))
+    qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
+    assert type(qkv).__name__ in ("IntWeight", "QuantizedWeight")  # kept as stored, never dequantized at load
+    if kernels == "cpu_x86":
+        assert type(qkv).__name__ == "QuantizedWeight" and qkv.per_token == SCHEMES[name][3]
+    assert_greedy_parity(transformers_model(directory), loaded)
+
+
+def legacy_copy(source: Path, target: Path, layout: str) -> None:
+    """``source``'s W4A16 asymmetric group-32 weights rewritten in the AutoGPTQ (act-order) or AutoAWQ layout."""
+    target.mkdir()
+    for item in source.iterdir():
+        if item.name not in ("model.safetensors", "config.json"):
+            (target / item.name).write_bytes(item.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    prefixes = sorted({name.rsplit(".", 1)[0] for name in tensors if name.endswith(".weight_packed")})
+    for prefix in prefixes:
+        parts = {k.rsplit(".", 1)[1]: tensors.pop(k) for k in [n for n in tensors if n.startswith(prefix + ".")]}
+        weight = from_compressed(parts, 4, 32, True, None)
+        groups = weight.cols // 32
+        legacy = to_awq(weight) if layout == "awq" else to_gptq(weight, torch.arange(groups).roll(1))
+        tensors.update({f"{prefix}.{k}": v for k, v in legacy.items()})
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = (
+        {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}
+        if layout == "awq"
+        else {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": False}
+    )
+    (target / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("kernels", list(KERNELS))
+@pytest.mark.parametrize("layout", ["gptq", "awq"])
+def test_legacy_layouts_parity(checkpoints, tmp_path, kernels, layout):
+    source = checkpoints("llama", "w4a16-asym")
+    legacy_copy(source, tmp_path / layout, layout)
+    loaded = load_model(str(tmp_path / layout), kernels=KERNELS[kernels](), dtype=torch.float32, device="cpu")
+    qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
+    assert (qkv.perm is not None) == (layout == "gptq")  # act-order: the input gathered first
+    assert_greedy_parity(transformers_model(source), loaded)
+
+
+def with_quantization_config(source: Path, target: Path, change) -> Path:
+    target.mkdir()
+    for item in source.iterdir():
+        (target / item.name).write_bytes(item.read_bytes())
+    config = json.loads((source / "config.json").read_text())
+    change(config["quantization_config"])
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda q: q.update(quant_method="bitsandbytes"), "'bitsandbytes' is not supported"),
+        (lambda q: q.update(format="float-quantized") or q["config_groups"]["group_0"].update(format=None),
+         "'float-quantized' is not supported"),
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=2), "'num_bits': 2"),
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "strategy 'block'"),
+        (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+    ],
+)  # fmt: skip
+def test_unsupported_schemes_are_named(checkpoints, tmp_path, change, message):
+    directory = with_quantization_config(checkpoints("llama", "w4a16"), tmp_path / "bad", change)
+    with pytest.raises(UnsupportedFeature, match=message):
+        load_model(str(directory), kernels=Kernels(), dtype=torch.float32, device="cpu")
+
+
+def test_quantization_flag_must_match_the_checkpoint(checkpoints):
+    directory = str(checkpoints("llama", "w4a16"))
+    for wrong in ("gptq", "int8"):
+        with pytest.raises(ValueError, match=f"'{wrong}' requested, but the checkpoint is quantized with"):
+            load_model(directory, kernels=Kernels(), dtype=torch.float32, device="cpu", quantization=wrong)
+    loaded = load_model(directory, kernels=native_kernels(), dtype=torch.float32, device="cpu",
+                        quantization="compressed-tensors")  # fmt: skip
+    dense = sum(p.numel() for p in transformers_model(checkpoints("llama", "w4a16")).parameters()) * 4
+    assert loaded.weights_bytes < dense  # 4-bit blocks: the linears take about a sixth of float32's bytes
