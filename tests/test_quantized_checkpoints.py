@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from core.bench.parity import greedy_parity, hf_next_logits
 from core.loader import load_model
-from core.models.standalone import StandaloneRunner
 from plugins.errors import UnsupportedFeature
 from plugins.int_quant import from_compressed
 from plugins.kernels import Kernels
@@ -91,25 +91,9 @@ def native_kernels():
 KERNELS = {"reference": Kernels, "cpu_x86": native_kernels}
 
 
-def assert_greedy_parity(hf_model, loaded) -> int:
-    """Greedy decoding of :data:`PROMPTS` by both; returns how many sequences match token for token."""
-    runner = StandaloneRunner(loaded.model, len(PROMPTS), max(map(len, PROMPTS)) + NUM_STEPS, block_size=4)
-    ours, our_logits = runner.greedy(PROMPTS, NUM_STEPS)
-    equal = 0
-    for i, prompt in enumerate(PROMPTS):
-        sequence = list(prompt)
-        for step in range(NUM_STEPS):
-            with torch.no_grad():
-                reference = hf_model(torch.tensor([sequence])).logits[0, -1].float()
-            theirs, mine = int(reference.argmax()), ours[i][step]
-            if theirs != mine:
-                assert mine in reference.topk(5).indices.tolist(), f"prompt {i} step {step}: ours {mine} not in top 5"
-                assert theirs in our_logits[step][i].topk(5).indices.tolist(), f"prompt {i} step {step}"
-                break
-            sequence.append(theirs)
-        else:
-            equal += 1
-    return equal
+def assert_greedy_parity(hf_model, loaded) -> None:
+    """The parity rule on :data:`PROMPTS`, all in one batch, :data:`NUM_STEPS` tokens each."""
+    greedy_parity(loaded.model, hf_next_logits(hf_model), PROMPTS, NUM_STEPS, block_size=4)
 
 
 @pytest.mark.parametrize("kernels", list(KERNELS))
