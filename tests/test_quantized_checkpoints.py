@@ -108,7 +108,7 @@ def test_compressed_tensors_parity(checkpoints, kernels, arch, name):
     assert_greedy_parity(transformers_model(directory), loaded)
 
 
-def legacy_copy(source: Path, target: Path, layout: str) -> None:
+def legacy_copy(source: Path, target: Path, layout: str) -> Path:
     """``source``'s W4A16 asymmetric group-32 weights rewritten in the AutoGPTQ (act-order) or AutoAWQ layout."""
     target.mkdir()
     for item in source.iterdir():
@@ -130,6 +130,7 @@ def legacy_copy(source: Path, target: Path, layout: str) -> None:
         else {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": False}
     )
     (target / "config.json").write_text(json.dumps(config))
+    return target
 
 
 @pytest.mark.parametrize("kernels", list(KERNELS))
@@ -179,3 +180,27 @@ def test_quantization_flag_must_match_the_checkpoint(checkpoints):
                         quantization="compressed-tensors")  # fmt: skip
     dense = sum(p.numel() for p in transformers_model(checkpoints("llama", "w4a16")).parameters()) * 4
     assert loaded.weights_bytes < dense  # 4-bit blocks: the linears take about a sixth of float32's bytes
+
+
+@pytest.mark.parametrize("layout", ["w8a8", "gptq"])
+def test_engine_on_cpu_x86(checkpoints, tmp_path, layout):
+    """The whole engine on cpu_x86: W8A8 through its fused native decoder (per-token activations
+    passed down), act-order GPTQ eagerly (the decoder does not gather inputs)."""
+    from core import LLM, SamplingParams
+
+    source = checkpoints("llama", "w8a8" if layout == "w8a8" else "w4a16-asym")
+    directory = source if layout == "w8a8" else legacy_copy(source, tmp_path / layout, layout)
+    llm = LLM(model=str(directory), device="cpu_x86", dtype="float32", skip_tokenizer_init=True, max_model_len=64)
+    assert (llm.engine.platform.runner.fused is not None) == (layout == "w8a8")
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=5)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params, use_tqdm=False)
+    reference = hf_next_logits(transformers_model(source))
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        ours, sequence = out.outputs[0], list(prompt)
+        for step, mine in enumerate(ours.token_ids):
+            logits = reference(sequence)
+            theirs = int(logits.argmax())
+            if theirs != mine:  # the parity rule, our top 5 from the engine's logprobs
+                assert theirs in ours.logprobs[step] and mine in logits.topk(5).indices.tolist(), f"step {step}"
+                break
+            sequence.append(theirs)
