@@ -2,8 +2,9 @@
 
 Tiny random Llama and Qwen2 models are quantized in the test (round to nearest, by the
 ``compressed-tensors`` package) and saved as llm-compressor saves them. transformers
-loads them with ``CompressedTensorsConfig(run_compressed=False)`` (decompressed weights,
-W8A8's activations fake-quantized per token): the reference. We load them kept as stored,
+loads them with ``CompressedTensorsConfig(run_compressed=False)`` (decompressed weights;
+W8A8's activations fake-quantized per token by compressed-tensors' own code, hooked back in:
+transformers 5 runs plain float ``Linear`` layers there): the reference. We load them kept as stored,
 with the SDK's reference kernels and with cpu_x86's native ones. Parity: equal greedy
 tokens, or at the first difference each side's token in the other's top 5.
 
@@ -29,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 pytest.importorskip("compressed_tensors")
-from plugins.quant_testing import quantize_rtn, save_compressed, scheme, to_awq, to_gptq  # noqa: E402
+from plugins.quant_testing import load_decompressed, quantize_rtn, save_compressed, scheme, to_awq, to_gptq  # noqa: E402
 
 #: name -> (bits, symmetric, group size or None, int8 activations)
 SCHEMES = {
@@ -75,13 +76,6 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-def transformers_model(directory: Path):
-    from transformers.utils.quantization_config import CompressedTensorsConfig
-
-    config = CompressedTensorsConfig(run_compressed=False)
-    return AutoModelForCausalLM.from_pretrained(directory, quantization_config=config).eval()
-
-
 def native_kernels():
     from plugin_cpu_x86.platform import CpuX86Platform
 
@@ -105,7 +99,7 @@ def test_compressed_tensors_parity(checkpoints, kernels, arch, name):
     assert type(qkv).__name__ in ("IntWeight", "QuantizedWeight")  # kept as stored, never dequantized at load
     if kernels == "cpu_x86":
         assert type(qkv).__name__ == "QuantizedWeight" and qkv.per_token == SCHEMES[name][3]
-    assert_greedy_parity(transformers_model(directory), loaded)
+    assert_greedy_parity(load_decompressed(directory), loaded)
 
 
 def legacy_copy(source: Path, target: Path, layout: str) -> Path:
@@ -141,7 +135,7 @@ def test_legacy_layouts_parity(checkpoints, tmp_path, kernels, layout):
     loaded = load_model(str(tmp_path / layout), kernels=KERNELS[kernels](), dtype=torch.float32, device="cpu")
     qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
     assert (qkv.perm is not None) == (layout == "gptq")  # act-order: the input gathered first
-    assert_greedy_parity(transformers_model(source), loaded)
+    assert_greedy_parity(load_decompressed(source), loaded)
 
 
 def with_quantization_config(source: Path, target: Path, change) -> Path:
@@ -178,7 +172,7 @@ def test_quantization_flag_must_match_the_checkpoint(checkpoints):
             load_model(directory, kernels=Kernels(), dtype=torch.float32, device="cpu", quantization=wrong)
     loaded = load_model(directory, kernels=native_kernels(), dtype=torch.float32, device="cpu",
                         quantization="compressed-tensors")  # fmt: skip
-    dense = sum(p.numel() for p in transformers_model(checkpoints("llama", "w4a16")).parameters()) * 4
+    dense = sum(p.numel() for p in load_decompressed(checkpoints("llama", "w4a16")).parameters()) * 4
     assert loaded.weights_bytes < dense  # 4-bit blocks: the linears take about a sixth of float32's bytes
 
 
@@ -194,7 +188,7 @@ def test_engine_on_cpu_x86(checkpoints, tmp_path, layout):
     assert (llm.engine.platform.runner.fused is not None) == (layout == "w8a8")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=5)
     outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params, use_tqdm=False)
-    reference = hf_next_logits(transformers_model(source))
+    reference = hf_next_logits(load_decompressed(source))
     for out, prompt in zip(outs, PROMPTS, strict=True):
         ours, sequence = out.outputs[0], list(prompt)
         for step, mine in enumerate(ours.token_ids):

@@ -64,6 +64,40 @@ def save_compressed(model: torch.nn.Module, directory: str | Path) -> None:
     compressor.update_config(str(directory))
 
 
+def load_decompressed(directory: str | Path) -> torch.nn.Module:
+    """transformers' model of a compressed-tensors checkpoint with its weights decompressed
+    (``CompressedTensorsConfig(run_compressed=False)``), as the reference for parity.
+
+    transformers (5.x) then runs plain ``Linear`` layers: a W8A8 checkpoint's activations
+    would stay in float. Its quantized linears get compressed-tensors' own per-token fake
+    quantization of their input back, from the checkpoint's ``input_activations``.
+    """
+    import json
+
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    config = CompressedTensorsConfig(run_compressed=False)
+    model = AutoModelForCausalLM.from_pretrained(directory, quantization_config=config).eval()
+    qc = json.loads((Path(directory) / "config.json").read_text())["quantization_config"]
+    [group] = qc["config_groups"].values()
+    if group.get("input_activations"):
+        args = QuantizationArgs(**group["input_activations"])
+
+        def quantize_input(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+            x = inputs[0]
+            scale, zero = calculate_qparams(x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), args)
+            return (fake_quantize(x, scale, zero, args),)
+
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in qc.get("ignore", []):
+                module.register_forward_pre_hook(quantize_input)
+    return model
+
+
 def compress_weight(weight: torch.Tensor, quant_scheme: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """``weight [out, in]`` quantized by ``quant_scheme``: the tensors compressed-tensors stores for it,
     and compressed-tensors' decompression of them (float32)."""
