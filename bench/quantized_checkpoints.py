@@ -77,12 +77,9 @@ def parity(directory: Path, prompts: list[list[int]], num_steps: int) -> str:
     from core.bench.parity import greedy_parity, hf_next_logits
     from core.loader import load_model
     from plugin_cpu_x86.platform import CpuX86Platform
-    from transformers import AutoModelForCausalLM
-    from transformers.utils.quantization_config import CompressedTensorsConfig
+    from plugins.quant_testing import load_decompressed
 
-    hf = AutoModelForCausalLM.from_pretrained(
-        directory, quantization_config=CompressedTensorsConfig(run_compressed=False)
-    )
+    hf = load_decompressed(directory)
     loaded = load_model(str(directory), kernels=CpuX86Platform().kernels, dtype=torch.float32, device="cpu")
     try:
         return greedy_parity(loaded.model, hf_next_logits(hf), prompts, num_steps).describe()
