@@ -1,4 +1,5 @@
-"""Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+"""Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), and
+quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`plugins.cpu_native.int_linear`).
 
 By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
