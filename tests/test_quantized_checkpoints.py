@@ -9,8 +9,9 @@ with the SDK's reference kernels and with cpu_x86's native ones. Parity: equal g
 tokens, or at the first difference each side's token in the other's top 5.
 
 The legacy AutoGPTQ (with act-order ``g_idx``) and AutoAWQ layouts are checked against
-transformers on the same weights in compressed-tensors form: transformers needs gptqmodel
-or autoawq to read those layouts, source packages with no CPU wheels, not installed here.
+transformers on the same weights in compressed-tensors form, and, where GPTQModel (and
+optimum, for GPTQ) are installed, against transformers reading the legacy layouts: a source
+package with no wheels, not in the test requirements.
 """
 
 from __future__ import annotations
@@ -140,6 +141,20 @@ def test_legacy_layouts_parity(checkpoints, tmp_path, kernels, layout):
     qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
     assert (qkv.perm is not None) == (layout == "gptq")  # act-order: the input gathered first
     assert_greedy_parity(load_decompressed(source), loaded)
+
+
+@pytest.mark.parametrize("layout", ["gptq", "awq"])
+def test_legacy_layouts_against_transformers_reading_them(checkpoints, tmp_path, layout):
+    """Where GPTQModel is installed (a source package: ~9 minutes to build here, not in CI),
+    transformers reads the legacy layouts itself on the CPU: the same parity rule against it."""
+    pytest.importorskip("gptqmodel")
+    if layout == "gptq":
+        pytest.importorskip("optimum")
+    directory = legacy_copy(checkpoints("llama", "w4a16-asym"), tmp_path / layout, layout)
+    hf = AutoModelForCausalLM.from_pretrained(directory, device_map="cpu", dtype=torch.float32).eval()
+    assert "gptqmodel" in type(hf.model.layers[0].self_attn.q_proj).__module__
+    for kernels in KERNELS.values():
+        assert_greedy_parity(hf, load_model(str(directory), kernels=kernels(), dtype=torch.float32, device="cpu"))
 
 
 def with_quantization_config(source: Path, target: Path, change) -> Path:
