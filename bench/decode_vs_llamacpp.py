@@ -1,18 +1,20 @@
 """Batch-1 decode and prefill of this engine vs llama.cpp's llama-bench, per GGUF format, in one invocation.
 
-    python bench/decode_vs_llamacpp.py [--threads 2] [--formats Q4_1,Q4_0,Q8_0] [--json out.json]
+    python bench/decode_vs_llamacpp.py [--threads 2] [--formats Q4_1,Q4_0,Q8_0] [--json out.json] [--results bench/RESULTS.md]
 
 For each file (the default Q4_1 and the Q4_0/Q8_0 files of ``gguf_files.py``), back to
 back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on float activations
 (the exact path) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
 subprocess: decode = 128 tokens after a 16-token prompt (``engine_part.decode_tok_s``,
 best of two), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
-Prints a markdown table with the ratios to llama.cpp's tg128 / pp512. Not for CI.
+Prints a markdown table with the ratios to llama.cpp's tg128 / pp512 (``--results``: also
+into that file's ``decode-formats`` section, with the command, ISA and load). Not for CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -86,6 +88,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--formats", default="Q4_1,Q4_0,Q8_0")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--results", type=Path, help="also put the table into this file's decode-formats section")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: one engine run on this file
     a = parser.parse_args()
     if a.part:
@@ -96,6 +99,7 @@ def main() -> int:
 
     bench = llamacpp.ensure_tools("llama-bench")["llama-bench"]
     files = gguf_files.ensure_gguf_files()
+    load_before = os.getloadavg()[0]
     results = {}
     for fmt in a.formats.split(","):
         model = files[fmt]
@@ -106,6 +110,17 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
     print(table(results))
+    if a.results:
+        from results import put_section
+
+        header = (
+            f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+            f"command: `python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}`\n"
+            f"- load average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} "
+            "(other jobs on the machine skew every figure, llama.cpp's most)\n\n"
+        )
+        text = a.results.read_text() if a.results.exists() else ""
+        a.results.write_text(put_section(text, "decode-formats", header + table(results)))
     return 0
 
 
