@@ -1,6 +1,7 @@
 """This engine vs llama.cpp vs transformers on one CPU, in one invocation.
 
     python bench/cpu_vs_baselines.py                 # default model, 2 threads, rewrites bench/RESULTS.md
+    python bench/cpu_vs_baselines.py --latency-only  # only the guidellm serving profiles (their section)
 
 Each part (floors, llama.cpp, transformers, each engine configuration, serving) runs in
 its own subprocess pinned to the same ``--threads`` CPUs; a part that fails is reported
@@ -23,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import results  # noqa: E402
 from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, keep_marked_sections, render_markdown  # noqa: E402
 
 
@@ -103,6 +105,14 @@ def part_serve(a: argparse.Namespace) -> dict:
     return serve_part.measure(a.model, q, a.num_seqs, a.prompt_len, a.gen_len, vocab, a.seed)
 
 
+def part_latency(a: argparse.Namespace) -> dict:
+    import guidellm_part
+
+    return guidellm_part.measure(
+        a.model, a.model_path, a.threads, a.latency_seconds, a.latency_prompt_len, a.latency_gen_len
+    )
+
+
 #: suffix of an engine configuration that runs with int8 activations (cpu_x86's
 #: CORE_CPU_QUANT_ACTIVATIONS, the rounding llama.cpp applies): "gguf+i8act"
 I8ACT = "+i8act"
@@ -114,7 +124,8 @@ def _engine_quantization(config: str) -> str | None:
     return None if q == "none" else q
 
 
-PARTS = {"floors": part_floors, "llamacpp": part_llamacpp, "hf": part_hf, "engine": part_engine, "serve": part_serve}
+PARTS = {"floors": part_floors, "llamacpp": part_llamacpp, "hf": part_hf, "engine": part_engine, "serve": part_serve,
+         "latency": part_latency}  # fmt: skip
 
 
 def run_part(a: argparse.Namespace, name: str, quantization: str = "none", context: dict | None = None) -> dict:
@@ -132,10 +143,10 @@ def run_part(a: argparse.Namespace, name: str, quantization: str = "none", conte
     cmd += _common_args(a)
     cpus = f"0-{a.threads - 1}"
     env = os.environ | {"OMP_NUM_THREADS": str(a.threads)}
-    if name != "serve":  # the server plans its engine CPUs itself (auto) from the taskset-allowed ones
+    if name not in ("serve", "latency"):  # the server plans its engine CPUs itself (auto) from the taskset-allowed ones
         env["CORE_CPU_OMP_THREADS_BIND"] = cpus
     env["CORE_CPU_QUANT_ACTIVATIONS"] = "1" if quantization.endswith(I8ACT) else "0"
-    label = name if name in ("floors", "llamacpp", "hf") else f"{name}:{quantization}"
+    label = name if name in ("floors", "llamacpp", "hf", "latency") else f"{name}:{quantization}"
     print(f"== {label} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(["taskset", "-c", cpus, *cmd], stdout=subprocess.PIPE, text=True, env=env)
     for line in reversed(proc.stdout.splitlines()):
@@ -150,6 +161,8 @@ def run_part(a: argparse.Namespace, name: str, quantization: str = "none", conte
 def _common_args(a: argparse.Namespace) -> list[str]:
     args = ["--threads", str(a.threads), "--num-seqs", str(a.num_seqs), "--prompt-len", str(a.prompt_len)]
     args += ["--gen-len", str(a.gen_len), "--decode-tokens", str(a.decode_tokens), "--seed", str(a.seed)]
+    args += ["--latency-seconds", str(a.latency_seconds), "--latency-prompt-len", str(a.latency_prompt_len)]
+    args += ["--latency-gen-len", str(a.latency_gen_len)]
     return args + (["--model", a.model] if a.model else [])
 
 
@@ -169,7 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "checkpoint); a +i8act suffix rounds activations to int8",
     )
     p.add_argument("--serve-quant", default="gguf", help="configurations served through core serve ('' to skip)")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: llamacpp, hf, engine, serve, latency")
+    p.add_argument("--latency-only", action="store_true", help="run only the guidellm profiles; rewrite their section")
+    p.add_argument("--latency-seconds", type=int, default=60, help="duration of each guidellm profile")
+    p.add_argument("--latency-prompt-len", type=int, default=128, help="guidellm prompt tokens (before the template)")
+    p.add_argument("--latency-gen-len", type=int, default=64, help="guidellm output tokens")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="markdown file to rewrite ('' = don't)")
     p.add_argument("--json", default=None, help="also write every raw figure here")
     p.add_argument("--render", default=None, metavar="JSON", help="only re-render a --json file's figures")
@@ -188,19 +205,31 @@ def main(argv: list[str] | None = None) -> int:
     if a.render:
         data = json.loads(Path(a.render).read_text())
         report(data)
-        if a.results:
+        if a.results and "floors" in data:
             write_results(Path(a.results), data)
+        if a.results and "latency" in data:
+            write_latency(Path(a.results), data)
         return 0
     if a.part:
         print("RESULT " + json.dumps(PARTS[a.part](a), default=str), flush=True)
         return 0
     skip = set(filter(None, a.skip.split(",")))
+    if a.latency_only:
+        skip = set(PARTS) - {"latency"}
     data: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join(["python", "bench/cpu_vs_baselines.py", *(argv if argv is not None else sys.argv[1:])]),
         "setup": {"threads": a.threads, "model": a.model_path, "num_seqs": a.num_seqs, "prompt_len": a.prompt_len,
                   "gen_len": a.gen_len, "decode_tokens": a.decode_tokens},
     }  # fmt: skip
+    if a.latency_only:
+        data["latency"] = run_part(a, "latency")
+        report(data)
+        if a.results:
+            write_latency(Path(a.results), data)
+        if a.json:
+            Path(a.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        return 0
     data["floors"] = run_part(a, "floors")
     data["machine"] = data["floors"].pop("machine", {})
     context = {"vocab": data["floors"].get("vocab", 1000)}
@@ -215,10 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         data[f"engine:{q}"] = run_part(a, "engine", q, context)
     for q in filter(None, served) if "serve" not in skip else ():
         data[f"serve:{q}"] = run_part(a, "serve", q, context)
+    if "latency" not in skip:
+        data["latency"] = run_part(a, "latency")
     data["floors"] = best_floors(data["floors"], run_part(a, "floors"))
     report(data)
     if a.results:
         write_results(Path(a.results), data)
+        if "latency" in data:
+            write_latency(Path(a.results), data)
     if a.json:
         Path(a.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
@@ -229,9 +262,20 @@ def write_results(path: Path, data: dict) -> None:
     path.write_text(keep_marked_sections(path.read_text() if path.exists() else "", render_markdown(data)))
 
 
+def write_latency(path: Path, data: dict) -> None:
+    """Rewrite the guidellm profiles' marked section of ``path``."""
+    text = path.read_text() if path.exists() else ""
+    path.write_text(results.put_section(text, results.LATENCY_SECTION, results.render_latency(data)))
+
+
 def report(data: dict) -> None:
     from core.bench.report import format_table
 
+    if "latency" in data:
+        print(format_table(results.LATENCY_HEADER, results.latency_rows(data)))
+        print()
+    if "floors" not in data:
+        return
     print(format_table(["physical limit", "value"], floors_rows(data)))
     print()
     print(format_table(COMPARE_HEADER, compare_rows(data)))

@@ -20,7 +20,11 @@ def make_llm(model: str | None, quantization: str | None, prefix_caching: bool =
         from llamacpp import cache_dir
 
         model, quantization = str(hf_baseline.float32_checkpoint(str(resolve_model(model)), cache_dir())), None
-    return LLM(model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching)
+    # offline nobody waits on a step: the big budget, as `core bench throughput` and llama-batched-bench (-b 2048)
+    return LLM(
+        model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching,
+        max_num_batched_tokens=2048,
+    )  # fmt: skip
 
 
 def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:

@@ -1,7 +1,7 @@
 """llama.cpp baseline: a cached build of the llama-cpp-python sdist's vendored llama.cpp.
 
 One cmake build under ``~/.cache/core-bench/`` (override with ``CORE_BENCH_CACHE``) gives
-``llama-batched-bench`` and the shared ``libllama``; llama-cpp-python goes into its own
+``llama-batched-bench``, ``llama-server`` and the shared ``libllama``; llama-cpp-python goes into its own
 venv there with ``LLAMA_BUILD=OFF`` and loads that library through
 ``LLAMA_CPP_LIB_PATH``, so llama.cpp compiles once (several minutes on 2 cores) and the
 project's venv never sees it. Nothing here runs in CI.
@@ -20,7 +20,7 @@ from typing import Any
 PACKAGE = "llama-cpp-python"
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_COMMON=ON",
 ]  # fmt: skip
 
@@ -64,7 +64,7 @@ def _sdist(cache: Path, log: Path) -> Path:
 def ensure_llamacpp() -> dict[str, Any]:
     """Download, unpack and build once; return the paths of the cached pieces.
 
-    Keys: ``bench`` (llama-batched-bench), ``lib`` (the folder with libllama.so),
+    Keys: ``bench`` (llama-batched-bench), ``server`` (llama-server), ``lib`` (the folder with libllama.so),
     ``python`` (the separate venv's interpreter, with llama-cpp-python), ``version``.
     """
     cache = cache_dir()
@@ -76,12 +76,15 @@ def ensure_llamacpp() -> dict[str, Any]:
         with tarfile.open(sdist) as tar:
             tar.extractall(cache / "src", filter="data")
     build = cache / "build"
-    bench, lib = build / "bin" / "llama-batched-bench", build / "bin"
-    if not bench.exists() or not (lib / "libllama.so").exists():
+    bench, server, lib = build / "bin" / "llama-batched-bench", build / "bin" / "llama-server", build / "bin"
+    if not bench.exists() or not server.exists() or not (lib / "libllama.so").exists():
         print(f"building llama.cpp from {sdist.name} into {build} (minutes; log: {log})", file=sys.stderr)
         run_logged(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS], log)
         jobs = str(os.cpu_count() or 2)
-        run_logged(["cmake", "--build", str(build), "-j", jobs, "--target", "llama-batched-bench", "llama"], log)
+        run_logged(
+            ["cmake", "--build", str(build), "-j", jobs, "--target", "llama-batched-bench", "llama-server", "llama"],
+            log,
+        )
     venv = cache / "venv"
     python = venv / "bin" / "python"
     if (
@@ -92,7 +95,13 @@ def ensure_llamacpp() -> dict[str, Any]:
         run_logged([sys.executable, "-m", "venv", str(venv)], log)
         env = os.environ | {"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
         run_logged([str(python), "-m", "pip", "install", "--quiet", str(sdist)], log, env=env)
-    return {"bench": bench, "lib": lib, "python": python, "version": sdist.name.removesuffix(".tar.gz").split("-")[-1]}
+    return {
+        "bench": bench,
+        "server": server,
+        "lib": lib,
+        "python": python,
+        "version": sdist.name.removesuffix(".tar.gz").split("-")[-1],
+    }
 
 
 def ensure_tools(*targets: str) -> dict[str, Path]:

@@ -112,6 +112,63 @@ def extra_rows(d: dict) -> list[list[str]]:
     return rows
 
 
+LATENCY_SECTION = "serving-latency"
+LATENCY_HEADER = ["profile", "server", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "output tok/s",
+                  "TTFT mean ms: client / /metrics", "requests done / started"]  # fmt: skip
+
+
+def latency_rows(d: dict) -> list[list[str]]:
+    """One row per guidellm profile and server (``d["latency"]``, from ``bench/guidellm_part.py``)."""
+    lat = d.get("latency") or {}
+    if "error" in lat:
+        return [["-", "FAILED", lat["error"].splitlines()[-1][:300] if lat["error"] else "?", "", "", "", "", ""]]
+    rows = []
+    profiles = [k for k in (lat.get("core serve") or {}) if k != "server_command"]
+    for profile in profiles:
+        for server in ("core serve", "llama-server"):
+            r = _get(lat, server, profile)
+            if r is None:
+                continue
+            client, served = _get(r, "ttft_ms", "mean_first_token_s"), _get(r, "metrics_ttft", "mean_s")
+            both = " / ".join(_num(v * 1e3, 0) if v is not None else "-" for v in (client, served))
+            done = r.get("requests") or {}
+            some = done.get("successful") or None  # guidellm reports 0 for the statistics of no request
+            rows.append([profile, server, _num(some and _get(r, "ttft_ms", "p50"), 0),
+                         _num(some and _get(r, "ttft_ms", "p95"), 0), _num(some and _get(r, "itl_ms", "p50")),
+                         _num(r.get("output_tok_s")), both, f"{done.get('successful')} / {done.get('total')}"])  # fmt: skip
+    return rows
+
+
+def render_latency(d: dict) -> str:
+    """The guidellm profiles' section of bench/RESULTS.md."""
+    lat = d.get("latency") or {}
+    core_profiles = {k: v for k, v in (lat.get("core serve") or {}).items() if isinstance(v, dict)}
+    example = next(iter(core_profiles.values()), {}).get("command", "n/a")
+    about = [
+        f"date: {d.get('date')}; command: `{d.get('command')}`",
+        f"{lat.get('guidellm')}: synthetic chat prompts of {lat.get('prompt')} tokens (with the chat template: "
+        f"{_num(max((p.get('prompt_tokens') or 0 for p in core_profiles.values()), default=None), 0)}), "
+        f"{lat.get('output')} output tokens, "
+        f"streaming `/v1/chat/completions`, {lat.get('seconds')} s per profile, each server fresh and warmed by 5 s of "
+        "synchronous requests; servers and client pinned to the same CPUs",
+        "1-minute load average at the start and after each profile: "
+        + (", ".join(_num(x) for x in lat["load_average_1m"]) if "load_average_1m" in lat else "not recorded")
+        + f" ({lat.get('logical_cpus', 'n/a')} logical CPUs; above that, other work skews every figure)",
+        f"servers: `{_get(lat, 'core serve', 'server_command')}`; `{_get(lat, 'llama-server', 'server_command')}`",
+        f"one profile's guidellm command: `guidellm {example}`",
+        "TTFT p50/p95 and ITL p50 over the completed requests; output tok/s over every request (guidellm's "
+        "server throughput); TTFT mean over every request that got a first token (guidellm's per-request "
+        "timings: first token - request start), as the client saw it and as `core serve`'s `/metrics` histogram "
+        "counted it between the profile's start and end",
+    ]
+    return "\n\n".join([
+        "## Serving latency under load (guidellm, issue 24)",
+        "Written by `python bench/cpu_vs_baselines.py --latency-only` (or a full invocation).",
+        "\n".join(f"- {line}" for line in about),
+        md_table(LATENCY_HEADER, latency_rows(d)),
+    ])  # fmt: skip
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

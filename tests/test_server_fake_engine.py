@@ -45,15 +45,17 @@ class FakeEngine:
         self.platform = SimpleNamespace(place_frontend_thread=lambda: None)
         self.loaded = SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB), name="fake")
         self.requests: dict[str, dict] = {}
+        self.arrivals: dict[str, tuple[float, float]] = {}  # request id -> (its arrival stamp, when it was added)
         self.step_seconds = step_seconds
         self.num_finished = 0
 
     def apply_chat_template(self, messages, add_generation_prompt=True, chat_template=None):
         return self.tokenizer.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + ">")
 
-    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, priority=0):
+    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, arrival_time=None, priority=0):
         if any(t >= VOCAB for t in prompt_token_ids):
             raise ValueError("token id outside the vocabulary")
+        self.arrivals[request_id] = (arrival_time, time.time())
         self.requests[request_id] = {"ids": prompt_token_ids, "params": params, "outs": [[] for _ in range(params.n)]}
 
     def abort_request(self, request_id):
@@ -147,6 +149,25 @@ def test_completion_counts_and_usage(fake_server):
         "total_tokens": 8,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
+
+
+def test_arrival_is_stamped_when_the_http_request_comes_in(fake_server):
+    """The body trickles in over 0.3 s: the stamp precedes it, the engine gets it after."""
+    body = json.dumps({"prompt": "abc", "max_tokens": 2}).encode()
+
+    def trickle():
+        yield body[:5]
+        time.sleep(0.3)
+        yield body[5:]
+
+    sent = time.time()
+    out = httpx.post(
+        f"{fake_server.url}/v1/completions", content=trickle(), headers={"content-type": "application/json"}
+    )
+    done = time.time()
+    assert out.status_code == 200
+    arrival, added = fake_server.engine.arrivals[f"{out.json()['id']}-0"]
+    assert sent <= arrival < sent + 0.25 and sent + 0.3 <= added <= done
 
 
 def test_stream_deltas_join_to_the_whole(fake_server):

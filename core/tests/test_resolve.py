@@ -64,6 +64,26 @@ def test_resolution_fills_every_setting_from_the_platform_and_the_model(model_di
         view.dtype = "float32"
 
 
+class SlowHost(Host):
+    """A platform that wants small steps."""
+
+    def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
+        self.seen.append(config)
+        return 96
+
+
+def test_step_budget_is_the_platforms_default_unless_set(model_dir):
+    platform = SlowHost()
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=platform, max_num_seqs=8)).config
+    assert view.max_num_batched_tokens == 96 and platform.seen[-1].max_num_batched_tokens is None
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=platform, max_num_batched_tokens=512)).config
+    assert view.max_num_batched_tokens == 512  # --max-num-batched-tokens wins
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=Host())).config
+    assert view.max_num_batched_tokens == 2048  # the SDK's default
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be a positive integer"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=Host(), max_num_batched_tokens=0))
+
+
 @pytest.mark.parametrize(
     "settings,overrides,message",
     [

@@ -290,3 +290,57 @@ def test_random_workloads_finish_correctly_without_leaks(
             assert abort and seq.output_token_ids == expected[: seq.num_output_tokens]
         else:
             assert seq.output_token_ids == expected[:capacity]
+
+
+def test_burst_is_prefilled_in_arrival_order_and_the_first_decode_early():
+    """Eight 141-token prompts at once, budget 128: first tokens come in arrival order, one
+    request after another, and each decode runs in every step after its prefill."""
+    sched = make_sched(num_blocks=512, max_num_batched_tokens=128, max_model_len=512)
+    burst = [make_seq([i] * 141, max_tokens=4, arrival=100.0 + i) for i in range(8)]
+    for seq in reversed(burst):  # added out of order: their arrival stamps decide
+        sched.add(seq)
+    first_token_step: dict[int, int] = {}
+    outs = []
+    while sched.has_unfinished():
+        out = step(sched)
+        outs.append(out)
+        for s in out.scheduled:
+            if s.needs_sample and s.start_pos < s.seq.num_prompt_tokens:
+                first_token_step[s.seq.seq_id] = len(outs)
+    order = sorted(first_token_step, key=first_token_step.get)
+    assert order == [seq.seq_id for seq in burst]
+    # 141 tokens at 128 a step: the first request's first token comes in step 2, not after the whole burst
+    assert first_token_step[burst[0].seq_id] == 2
+    assert [first_token_step[s.seq_id] for s in burst] == sorted(first_token_step.values())
+    assert first_token_step[burst[-1].seq_id] >= 8 * 141 // 128
+    for seq in burst:
+        assert seq.output_token_ids == reference(seq.prompt_token_ids, 4)
+
+
+def test_decodes_are_never_stalled_by_a_long_prompt():
+    """A 1000-token prompt of higher priority arrives while three sequences decode: every step
+    still carries each decode, and no step exceeds the budget (the stated bound)."""
+    budget = 64
+    sched = make_sched(num_blocks=512, max_num_batched_tokens=budget, max_model_len=2048)
+    decoders = [make_seq([i, i + 1], max_tokens=30) for i in range(3)]
+    for seq in decoders:
+        sched.add(seq)
+    step(sched)
+    long = make_seq(range(1000), max_tokens=2, priority=-1)
+    sched.add(long)
+    num_prefill_steps = 0
+    while any(not s.is_finished for s in decoders):
+        num_live = sum(not s.is_finished for s in decoders)
+        prompt_left = long.num_prompt_tokens - long.num_computed_tokens
+        out = step(sched)
+        assert out.num_batched_tokens <= budget
+        got = {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
+        assert [got.get(seq.seq_id) for seq in decoders if seq.seq_id in got] == [1] * num_live
+        if prompt_left > 0:  # the prompt takes what the decodes left
+            assert got[long.seq_id] == min(prompt_left, budget - num_live)
+            num_prefill_steps += 1
+    assert num_prefill_steps == 17  # ceil(1000 / 61): the prompt ran beside the decodes
+    run_to_end(sched)
+    assert long.output_token_ids == reference(range(1000), 2)
+    for seq in decoders:
+        assert seq.output_token_ids == reference(seq.prompt_token_ids, 30)

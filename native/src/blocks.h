@@ -13,6 +13,8 @@
 enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4, CK_Q4_K = 5, CK_Q5_K = 6, CK_Q6_K = 7 };
 // the same formats repacked (x8 code = row code + CK_X8)
 enum { CK_X8 = 8, CK_Q8_0X8 = 8, CK_Q4_0X8 = 9, CK_Q4_1X8 = 10, CK_INT8X8 = 11 };
+// added to an x8 code: round activations to int8 per row instead of per block of 32
+enum { CK_PER_TOKEN = 64 };
 
 namespace CK_NS {
 

@@ -39,27 +39,39 @@ struct QAct {
   long nb;
 };
 
+// per_row: one scale for the whole row, written to each of its blocks: compressed-tensors'
+// dynamic per-token int8 (W8A8), whose scale is max|x| / 127.5 (codes clamped to +-127 here:
+// the extreme element it would round to -128 or 128 loses half a level); else one scale
+// max|x| / 127 per block of 32
 template <typename T>
-static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, int nthreads) {
+static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, bool per_row,
+                          int nthreads) {
   parallel_for(rows, 16, nthreads, rows * k >= (1L << 16), [&](long lo, long hi) {
-    for (long r = lo; r < hi; ++r)
+    for (long r = lo; r < hi; ++r) {
+      float row_amax = 0.0f;
+      if (per_row)
+        for (long i = 0; i < k; ++i) row_amax = fmax_(row_amax, __builtin_fabsf(to_f32(x[r * x_stride + i])));
       for (long b = 0; b < a.nb; ++b) {
         const T *xb = x + r * x_stride + b * kBlock;
         int8_t *qb = a.q + r * k + b * kBlock;
-        float amax = 0.0f;
-        for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float amax = row_amax;
+        if (!per_row)
+          for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
+        const float levels = per_row ? 127.5f : 127.0f;
+        const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
         int sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < kBlock; ++i) {
           float v = to_f32(xb[i]) * id;
           int qi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+          qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
           qb[i] = (int8_t)qi;
           sum += qi;
         }
         a.d[r * a.nb + b] = d;
         a.s[r * a.nb + b] = d * (float)sum;
       }
+    }
   });
 }
 
@@ -308,7 +320,7 @@ static void matmul_typed(int qt, const uint8_t *w, const float *rs, const QAct &
 // int8-activation product on x8 weights; -1 if the activation buffer could not be had
 static int quant_matmul(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                         const void *x, long x_stride, long rows, void *out, const void *bias,
-                        int bias_dtype, int nthreads) {
+                        int bias_dtype, bool per_row, int nthreads) {
   QAct a;
   a.nb = k / kBlock;
   char *buf = (char *)malloc(rows * k + 2 * rows * a.nb * sizeof(float));
@@ -318,10 +330,10 @@ static int quant_matmul(int qt, const void *w, const float *row_scale, long n, l
   a.q = (int8_t *)(a.s + rows * a.nb);
   const uint8_t *wb = (const uint8_t *)w;
   if (dtype == CK_F32) {
-    quantize_rows<float>((const float *)x, x_stride, rows, k, a, nthreads);
+    quantize_rows<float>((const float *)x, x_stride, rows, k, a, per_row, nthreads);
     matmul_typed<float>(qt, wb, row_scale, a, rows, n, k, out, bias, bias_dtype, nthreads);
   } else {
-    quantize_rows<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, nthreads);
+    quantize_rows<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, per_row, nthreads);
     matmul_typed<bf16_t>(qt, wb, row_scale, a, rows, n, k, out, bias, bias_dtype, nthreads);
   }
   free(buf);
@@ -337,14 +349,16 @@ extern "C" {
 // out[rows, n] (dtype, contiguous) = x[rows, k] (row stride x_stride) @ W^T (+ bias).
 // W: n rows in format qt (blocks.h); row_scale: per-row scales for CK_INT8 and
 // CK_INT8X8, else NULL. k must be a multiple of 32. The x8 formats take int8
-// activations (above), the others float32 ones (matvec.cpp). Returns 0, or -1 if a
-// scratch buffer could not be had.
+// activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt; the
+// others float32 ones (matvec.cpp). Returns 0, or -1 if a scratch buffer could not be had.
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads) {
+  const bool per_row = (qt & CK_PER_TOKEN) != 0;
+  qt &= ~CK_PER_TOKEN;
   if (is_x8(qt))
     return quant_matmul(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype,
-                        nthreads);
+                        per_row, nthreads);
   return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
                                  bias_dtype, nthreads);
 }

@@ -180,3 +180,19 @@ def test_nobind_leaves_threads_alone(monkeypatch):
     plat = HostCpuPlatform()
     affinity = _in_thread(lambda: (plat.init_device(engine_config()), sorted(os.sched_getaffinity(0)))[1])
     assert affinity == sorted(os.sched_getaffinity(0)) and plat.frontend_cpus is None
+
+
+def test_default_step_budget_is_0_3_s_of_prefill_on_the_bound_cores(monkeypatch):
+    """250 prompt tokens/s per core for 0.3 s, rounded up to 16, within [64, 2048]."""
+    mine = process_cpus()
+    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]}")
+    assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == 80  # 75 -> a multiple of 16
+    if len(mine) >= 2:
+        monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]},{mine[1]}")
+        assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == 160
+    if len(mine) >= 2:  # tensor parallel: each rank binds one core, and the two compute each step together
+        monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{mine[0]}|{mine[1]}")
+        assert HostCpuPlatform().default_max_num_batched_tokens(engine_config(tensor_parallel_size=2)) == 160
+    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "nobind")  # every allowed CPU, shared by the ranks
+    expected = min(2048, max(64, -(-int(75 * len(mine)) // 16) * 16))
+    assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == expected

@@ -3,8 +3,13 @@
 The engine is built in its own thread (the platform's ``init_device`` runs there, once,
 and may bind it) and that thread is the only one that touches it; the event loop only
 moves requests in and outputs out, so the HTTP front end stays responsive while the
-engine is saturated. Commands travel on a queue; outputs come back through
-``loop.call_soon_threadsafe``. A failed worker of a split model
+engine is saturated. Commands travel on one FIFO queue; outputs come back through
+``loop.call_soon_threadsafe``. A request is admitted while a step runs: it is stamped with
+its arrival (by the caller, e.g. when the HTTP request came in) and queued, and the engine
+thread moves every queued command into the engine at the next step boundary, in the order
+they came, before it schedules that step (an idle engine wakes at once). The scheduler
+orders waiting requests by their arrival stamps, so time spent queued counts in their
+metrics (queue time, TTFT). A failed worker of a split model
 (:class:`~core.distributed.executor.WorkerFailed`, found by a step or, while idle, by a
 health check every second) stops the engine for good: :attr:`AsyncEngine.failure` says
 why and every stream ends with :class:`EngineDeadError`.
@@ -17,6 +22,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -94,12 +100,16 @@ class AsyncEngine:
         prompt: str | None = None,
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its (cumulative) outputs until it finishes.
 
+        :param arrival_time: when the request arrived (``time.time()``); default: now, when
+            ``generate`` is called, not when the engine thread takes it in.
         Raises ValueError before the first output when the engine rejects the request.
         Closing the iterator early (a client that went away) aborts the request.
         """
+        arrival = time.time() if arrival_time is None else arrival_time
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, outputs)
@@ -107,7 +117,9 @@ class AsyncEngine:
         try:
             await asyncio.wrap_future(
                 self._call(
-                    lambda: self.engine.add_request(request_id, prompt, params, prompt_token_ids, priority=priority)
+                    lambda: self.engine.add_request(
+                        request_id, prompt, params, prompt_token_ids, arrival_time=arrival, priority=priority
+                    )
                 )
             )
             while not finished:
@@ -155,11 +167,7 @@ class AsyncEngine:
         self._stop.set()
         for request_id in list(self._streams):
             self._deliver(EngineDeadError(str(exc)), request_id)
-        while True:  # commands already queued fail with the same error
-            try:
-                self._commands.get_nowait()()
-            except queue.Empty:
-                break
+        self._run_commands()  # commands already queued fail with the same error
 
     def _run(self, build: Callable[[], LLMEngine], built: concurrent.futures.Future) -> None:
         try:
@@ -174,13 +182,17 @@ class AsyncEngine:
         finally:
             self.engine.shutdown()  # its workers, when the model is split
 
+    def _run_commands(self) -> None:
+        """The step boundary: everything queued (requests admitted during the step, aborts) in order."""
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                break
+
     def _serve(self) -> None:
         while not self._stop.is_set():
-            while True:
-                try:
-                    self._commands.get_nowait()()
-                except queue.Empty:
-                    break
+            self._run_commands()
             if self._stop.is_set():
                 break
             try:

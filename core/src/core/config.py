@@ -24,10 +24,12 @@ class EngineConfig:
     model: str | None = None  # HF directory, .gguf file or hub id; None = the default model
     device: str | Platform | type[Platform] = "auto"  # a plugin name, "auto", or a Platform (class or instance)
     dtype: str = "auto"  # auto = the platform's first supported dtype
-    quantization: str | None = None  # None, "int8" (weight-only) or "gguf" (kept as in the file)
+    # None (the checkpoint's own), "int8" (weight-only), "gguf" (kept as in the file), or a HF checkpoint's
+    # quantization_config method to insist on: "compressed-tensors", "gptq", "awq"
+    quantization: str | None = None
     max_model_len: int | None = None  # None = the model's own limit
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # new tokens per step; None = the platform's default
     block_size: int = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -53,10 +55,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device", default=d.device, help="backend plugin name, or auto (highest-priority available)")
     parser.add_argument("--dtype", default=d.dtype, choices=(*DTYPES, *DTYPE_ALIASES))
-    parser.add_argument("--quantization", "-q", default=None, choices=("int8", "gguf"))
+    parser.add_argument(
+        "--quantization", "-q", default=None, choices=("int8", "gguf", "compressed-tensors", "gptq", "awq")
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="most new tokens per engine step (default: the platform's; 2048 unless it sets one)",
+    )
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching

@@ -2,10 +2,10 @@
 
 In order: validate the user's settings -> choose the platform -> merge its
 ``check_config`` overrides -> resolve the dtype -> resolve ``max_model_len`` against the
-model's own limit -> the scheduler's token budget. The result is the read-only
-:class:`plugins.EngineConfigView` every later step (device set-up, loading, the memory
-profiler, the runner) receives. Only the KV plan is left: it needs the loaded weights
-(:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
+model's own limit -> the scheduler's token budget (the platform's default unless set).
+The result is the read-only :class:`plugins.EngineConfigView` every later step (device
+set-up, loading, the memory profiler, the runner) receives. Only the KV plan is left: it
+needs the loaded weights (:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,12 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
     dtype = _resolve_dtype(view.dtype, platform)
     model = open_model(view.model)
     max_model_len = _resolve_max_model_len(view.max_model_len, model.max_model_len)
+    budget = view.max_num_batched_tokens
+    if budget is None:
+        budget = platform.default_max_num_batched_tokens(view)
+        logger.info("platform %s sets max_num_batched_tokens=%d (its default)", platform.name, budget)
     # every running sequence must be able to take one token a step
-    budget = max(view.max_num_batched_tokens, view.max_num_seqs)
+    budget = max(budget, view.max_num_seqs)
     view = dataclasses.replace(view, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=budget)
     return ResolvedEngine(platform, view, model)
 
@@ -73,6 +77,8 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         )
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size"):
         value = getattr(settings, name)
+        if value is None and name == "max_num_batched_tokens":
+            continue  # the platform's default, settled after check_config
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if settings.max_model_len is not None and settings.max_model_len < 1:

@@ -2,14 +2,20 @@
 
 One step (``schedule``) picks, within ``max_num_batched_tokens`` new tokens:
 
-1. running sequences first, highest priority first (a decode is one token; a partly
-   prefilled prompt gets the next chunk of what is left of the budget); when KV blocks
-   run out, the lowest-priority, latest running sequence is preempted by recompute:
-   its blocks are freed, ``num_computed_tokens`` goes back to 0 and it returns to the
-   waiting queue, ahead of later arrivals of its priority;
-2. then waiting sequences, by (priority, arrival), while blocks, budget and
-   ``max_num_seqs`` allow. A sequence taking its first blocks reuses its longest cached
-   prefix. Nothing is admitted in a step that preempted.
+1. every decoding sequence (its prompt computed: one token), highest priority first;
+2. then prefill chunks in (priority, arrival) order: running sequences whose prompt is
+   partly computed take the next chunk of what is left of the budget, then waiting
+   sequences are admitted while blocks, budget and ``max_num_seqs`` allow (no
+   overtaking). A sequence taking its first blocks reuses its longest cached prefix.
+
+So a burst is prefilled oldest first (its first requests start decoding while the later
+ones are still waiting), and the bound on decode stalls is the budget: a running decode
+gets a token in every step that does not preempt it, and a step carries at most
+``max_num_batched_tokens`` tokens, so a long prompt delays a decode by at most one
+budget's worth of prefill per token. When KV blocks run out, the lowest-priority, latest
+sequence not yet scheduled in the step is preempted by recompute: its blocks are freed,
+``num_computed_tokens`` goes back to 0 and it returns to the waiting queue, ahead of later
+arrivals of its priority. Nothing is admitted in a step that preempted.
 
 The engine runs the model on the scheduled tokens, samples one token for each sequence
 that reached its end, and calls ``update``.
@@ -202,23 +208,29 @@ class Scheduler:
     # ---- internals ------------------------------------------------------------------
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
-        """Schedule running sequences in order, preempting from the back; returns the budget left."""
-        index = 0
-        while index < len(self._running) and budget > 0:
-            seq = self._running[index]
+        """Schedule running sequences, decodes first, preempting from the back; returns the budget left."""
+        decoding = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens == 1]
+        prefilling = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens > 1]
+        scheduled: set[int] = set()
+        for seq in (*decoding, *prefilling):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted to make room for one before it
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             num_tokens = seq.num_computed_tokens + num_new
             while not self.block_manager.can_allocate(seq, num_tokens):
-                # the victim is never one scheduled already: they all precede ``index``
-                victim = self._running.pop()
+                # the latest sequence not scheduled in this step (``seq`` itself at the latest)
+                victim = next(s for s in reversed(self._running) if s.seq_id not in scheduled)
+                self._running.remove(victim)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     return budget
             self.block_manager.allocate(seq, num_tokens)
             out.scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.add(seq.seq_id)
             budget -= num_new
-            index += 1
         return budget
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:

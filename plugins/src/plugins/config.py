@@ -6,7 +6,8 @@ Core builds an :class:`EngineConfigView` once, before the engine exists, in stag
    ``max_model_len`` may be ``None``): this is what ``Platform.check_config``
    receives; it returns overrides ``{field: value}`` that core merges with
    :func:`dataclasses.replace`;
-2. core then resolves ``dtype``, ``max_model_len`` and the scheduler budget; every
+2. core then resolves ``dtype``, ``max_model_len`` and the scheduler budget
+   (``max_num_batched_tokens``, the platform's default when the user set none); every
    later call (``init_device``, the memory profiler, ``Runner.prepare``) receives the
    fully resolved view: no ``"auto"``, no ``None`` ``max_model_len``.
 
@@ -31,6 +32,8 @@ class EngineConfigView:
     :ivar dtype: compute dtype name; ``"auto"`` until resolved.
     :ivar quantization: ``None``, ``"int8"`` (weight-only) or ``"gguf"``.
     :ivar max_model_len: longest sequence (prompt + output) in tokens; ``None`` until resolved.
+    :ivar max_num_batched_tokens: most new tokens per engine step; ``None`` until resolved
+        (then the user's value, or :meth:`plugins.Platform.default_max_num_batched_tokens`).
     :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
     :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
     :ivar local_rank: this process's rank on its own machine.
@@ -42,7 +45,7 @@ class EngineConfigView:
     quantization: str | None
     max_model_len: int | None
     max_num_seqs: int
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int | None
     block_size: int
     enable_prefix_caching: bool
     enable_chunked_prefill: bool

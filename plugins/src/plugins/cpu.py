@@ -32,6 +32,14 @@ _BIND_KEYWORDS = ("auto", "all", "nobind")
 AUTO_KV_FRACTION = 0.4
 #: ... capped at this many bytes (a small model seldom needs more)
 AUTO_KV_CAP = 8 * GiB
+#: the default step token budget is this many seconds of prefill: the most a long prompt
+#: (or a burst of them) adds to a decoding request's inter-token latency, and about what a
+#: short chat prompt (~150 tokens) takes, so one arriving alone is prefilled in one step ...
+STEP_PREFILL_SECONDS = 0.3
+#: ... at this prefill rate per compute core (prompt tokens/s): measured ~500 tok/s on two
+#: AMD EPYC (Zen 1, AVX2) cores for the default model in float32 (issue 24); bigger models
+#: prefill slower, so their steps take longer than the target
+PREFILL_TOKENS_PER_S_PER_CORE = 250
 
 
 def threads_bind(text: str) -> str:
@@ -225,6 +233,20 @@ class CpuPlatform(Platform):
 
     def make_memory_profiler(self):
         return CpuMemoryProfiler(self)
+
+    def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
+        """:data:`STEP_PREFILL_SECONDS` of prefill on the cores of one engine replica (its
+        tensor-parallel ranks compute each step together; rank 0's share, as :meth:`init_device`
+        will bind it, times their number), :data:`PREFILL_TOKENS_PER_S_PER_CORE` each, rounded
+        up to a multiple of 16 and kept within [64, 2048]: 160 on 2 cores, 2048 from 28 up."""
+        bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
+        num_ranks = config.tensor_parallel_size * config.data_parallel_size
+        allowed = process_cpus()
+        cpus = select_cpus(bind, allowed, 0, reserved, num_ranks=num_ranks)
+        per_rank = len(cpus) if cpus is not None else max(1, len(allowed) // num_ranks)
+        num_cores = per_rank * config.tensor_parallel_size
+        tokens = STEP_PREFILL_SECONDS * PREFILL_TOKENS_PER_S_PER_CORE * num_cores
+        return min(2048, max(64, -(-int(tokens) // 16) * 16))
 
     def init_device(self, config: EngineConfigView) -> None:
         """Bind the calling thread and the compute threads of ``config.local_rank`` (one of

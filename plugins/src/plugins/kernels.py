@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from plugins.attention import AttentionMetadata
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import dequantize
+from plugins.int_quant import INT_FORMATS, IntWeight
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ class Kernels:
     """
 
     #: quantized weight formats :meth:`prepare_linear` accepts besides full precision:
-    #: ``"int8"`` (weight-only, per-output-channel scales) and/or ``"gguf"``.
-    supported_quantizations: ClassVar[frozenset[str]] = frozenset()
+    #: ``"int8"`` (weight-only, per-output-channel scales), ``"gguf"``, and the Hugging Face
+    #: checkpoint formats of :data:`plugins.int_quant.INT_FORMATS` (weights as
+    #: :class:`plugins.int_quant.IntWeight`, which the reference runs by dequantizing per call).
+    supported_quantizations: ClassVar[frozenset[str]] = INT_FORMATS
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x / rms(x) * weight`` over the last dimension; same dtype as ``x``."""
@@ -161,11 +164,15 @@ class Kernels:
     def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
         """Turn a loaded weight into the form :meth:`linear` takes (called once at load).
 
-        :param weight: ``[out_features, in_features]`` in the compute dtype, or a
-            :class:`GGUFWeight` when ``"gguf"`` is in :attr:`supported_quantizations`.
+        :param weight: ``[out_features, in_features]`` in the compute dtype, a
+            :class:`GGUFWeight` when ``"gguf"`` is in :attr:`supported_quantizations`, or an
+            :class:`~plugins.int_quant.IntWeight` of a quantized Hugging Face checkpoint.
         :param quantization: ``None`` for full precision, or one of
-            :attr:`supported_quantizations`.
+            :attr:`supported_quantizations` (a checkpoint's linears left unquantized, such as
+            ``lm_head``, come as dense tensors with the checkpoint's format).
         """
+        if isinstance(weight, IntWeight) or (quantization in INT_FORMATS and isinstance(weight, torch.Tensor)):
+            return weight
         if quantization is not None or isinstance(weight, GGUFWeight):
             raise UnsupportedFeature(
                 f"quantization {quantization!r} is not supported by the reference kernels; "
@@ -175,4 +182,6 @@ class Kernels:
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for ``x [T, in]`` and a weight from :meth:`prepare_linear`."""
+        if isinstance(weight, IntWeight):
+            return weight.reference_linear(x, bias)
         return F.linear(x, weight, bias)

@@ -92,6 +92,16 @@ class Platform:
         """
         return {}
 
+    def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
+        """(optional) override: the scheduler's token budget per step when the user set none
+        (``--max-num-batched-tokens``). A step's time grows with its tokens, and a decoding
+        request waits for a whole step per token, so a slow device wants a smaller budget.
+        Default: 2048 (vLLM's for serving).
+
+        :param config: the settings after :meth:`check_config` (``max_num_batched_tokens`` None).
+        """
+        return 2048
+
     def init_device(self, config: EngineConfigView) -> None:
         """(optional) override: device set-up once this platform is chosen (thread binding,
         device selection). Heavy imports belong here, not at import.

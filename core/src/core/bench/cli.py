@@ -43,6 +43,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     tp.add_argument("--skip-tokenizer-init", action="store_true", help="run without a tokenizer (ids only)")
     tp.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
     tp.set_defaults(func=cmd_throughput)
+    (budget,) = (action for action in tp._actions if action.dest == "max_num_batched_tokens")
+    # offline no request waits on a step: the big budget, not the platform's latency default
+    budget.default, budget.help = 2048, "most new tokens per engine step (default: 2048)"
 
     sv = modes.add_parser("serve", help="streaming clients against a running server's /v1/completions")
     sv.add_argument("--base-url", default="http://127.0.0.1:8000")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,17 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 def hf_weights(
-    files: list[Path], dtype: torch.dtype, device: torch.device, plan: ShardPlan | None = None
+    files: list[Path],
+    dtype: torch.dtype,
+    device: torch.device,
+    plan: ShardPlan | None = None,
+    keep_stored: Callable[[str, torch.dtype], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, in ``dtype`` on ``device``.
 
-    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
+    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read. Tensors
+    for which ``keep_stored(name, stored dtype)`` is true (quantized linears' parts) come
+    as stored, on the CPU.
     """
     with tqdm(desc="Loading weights", unit="tensor", total=None) as bar:
         for file in files:
@@ -52,14 +58,20 @@ def hf_weights(
                     for name in f.keys():
                         bar.update()
                         part = plan.slice_for(name) if plan is not None else None
-                        yield name, slice_dense(f.get_slice(name), part).to(device=device, dtype=dtype)
+                        tensor = slice_dense(f.get_slice(name), part)
+                        yield name, tensor if _stored(keep_stored, name, tensor) else tensor.to(device, dtype)
             else:
                 state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
                 bar.total = (bar.total or 0) + len(state)
                 for name, tensor in state.items():
                     bar.update()
                     part = plan.slice_for(name) if plan is not None else None
-                    yield name, slice_dense(tensor, part).to(device=device, dtype=dtype)
+                    tensor = slice_dense(tensor, part)
+                    yield name, tensor if _stored(keep_stored, name, tensor) else tensor.to(device, dtype)
+
+
+def _stored(keep_stored: Callable[[str, torch.dtype], bool] | None, name: str, tensor: torch.Tensor) -> bool:
+    return keep_stored is not None and keep_stored(name, tensor.dtype)
 
 
 def hf_config(directory: Path) -> Any:

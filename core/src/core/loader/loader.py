@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from plugins.errors import UnsupportedFeature
 from plugins.kernels import Kernels
 from transformers import PreTrainedTokenizerBase
 
 from core.loader.gguf_index import GGUFIndex
 from core.loader.gguf_model import gguf_config, gguf_tokenizer, gguf_weights
 from core.loader.hf_dir import hf_config, hf_generation_config, hf_tokenizer, hf_weights, weight_files
+from core.loader.quantized import checkpoint_quantization, gather_quantized, is_quantized_part
 from core.loader.source import DEFAULT_MODEL_NAME, resolve_model
 from core.models import build_model, get_model_class
 
@@ -83,8 +85,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
 
-    :param quantization: ``None`` (full precision, or GGUF weights kept quantized when the
-        kernels support ``"gguf"``), ``"int8"``, or ``"gguf"`` (a GGUF file only).
+    :param quantization: ``None`` (full precision, GGUF weights kept quantized when the
+        kernels support ``"gguf"``, or a Hugging Face checkpoint's own ``quantization_config``),
+        ``"int8"``, ``"gguf"`` (a GGUF file only), or ``"compressed-tensors"``/``"gptq"``/``"awq"``
+        (must match the checkpoint's).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
     :param comm: a tensor-parallel rank's communicator: load only this rank's shard.
     :param byte_order: the platform's (:attr:`plugins.Platform.byte_order`): GGUF tensors are
@@ -122,10 +126,24 @@ def _load_hf_dir(
     path, config = source.path, source.hf_config
     if quantization == "gguf":
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is a Hugging Face directory")
+    scheme = checkpoint_quantization(config, quantization)
+    if scheme is not None and scheme.method not in kernels.supported_quantizations:
+        raise UnsupportedFeature(
+            f"the kernels cannot run {scheme.method} checkpoints; they take: "
+            f"{', '.join(sorted(kernels.supported_quantizations)) or 'full precision only'}"
+        )
     tokenizer = None if skip_tokenizer else hf_tokenizer(path)
     model = build_model(config, kernels, dtype, device, comm)
+    if scheme is None:
+        weights = hf_weights(weight_files(path), dtype, device, model.tp.plan)
+    else:
+        if model.tp.plan.is_sharded:
+            raise UnsupportedFeature(f"{scheme.describe()} checkpoints cannot be split over tensor-parallel ranks yet")
+        logger.info("%s: %s linears kept as stored", path.name, scheme.describe())
+        stored = hf_weights(weight_files(path), dtype, device, model.tp.plan, is_quantized_part)
+        weights, quantization = gather_quantized(stored, scheme, device), scheme.method
     with torch.no_grad():
-        model.load_weights(hf_weights(weight_files(path), dtype, device, model.tp.plan), quantization)
+        model.load_weights(weights, quantization)
     return _finish(source, model, tokenizer, hf_generation_config(path))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.int_quant import IntWeight, concat_int_weights
 from plugins.kernels import GGUFWeight, Kernels
 from torch import nn
 
@@ -22,10 +23,13 @@ def concat_rows(parts: list[Any]) -> Any:
     """Stack weights (or biases) along their output dimension, for fused projections.
 
     Dense tensors are concatenated; GGUF block-quantized weights of one type and width
-    are fused by concatenating their raw rows (each row is quantized on its own).
+    are fused by concatenating their raw rows (each row is quantized on its own), integer-
+    quantized checkpoint weights of one scheme by concatenating codes, scales and zero points.
     """
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, dim=0)
+    if all(isinstance(p, IntWeight) for p in parts):
+        return concat_int_weights(parts)
     if all(isinstance(p, GGUFWeight) for p in parts):
         qtypes = {p.qtype for p in parts}
         widths = {p.cols for p in parts}
@@ -36,7 +40,8 @@ def concat_rows(parts: list[Any]) -> Any:
                 rows=sum(p.rows for p in parts),
                 cols=parts[0].cols,
             )
-    kinds = [p.qtype if isinstance(p, GGUFWeight) else f"dense {tuple(p.shape)}" for p in parts]
+    kinds = [p.qtype if isinstance(p, GGUFWeight) else type(p).__name__ if isinstance(p, IntWeight)
+             else f"dense {tuple(p.shape)}" for p in parts]  # fmt: skip
     raise ValueError(f"cannot fuse weights of different kinds into one linear: {kinds}")
 
 
@@ -78,9 +83,11 @@ class Linear(nn.Module):
         self.weight: Any = None
         self.bias: torch.Tensor | None = None
 
-    def load(self, weight: torch.Tensor | GGUFWeight, bias: torch.Tensor | None, quantization: str | None) -> None:
+    def load(
+        self, weight: torch.Tensor | GGUFWeight | IntWeight, bias: torch.Tensor | None, quantization: str | None
+    ) -> None:
         """Check the shape of ``weight`` and hand it to the kernels once."""
-        rows, cols = (weight.rows, weight.cols) if isinstance(weight, GGUFWeight) else tuple(weight.shape)
+        rows, cols = tuple(weight.shape) if isinstance(weight, torch.Tensor) else (weight.rows, weight.cols)
         if (rows, cols) != (self.out_features, self.in_features):
             raise ValueError(
                 f"linear weight has shape [{rows}, {cols}], expected [{self.out_features}, {self.in_features}]"

@@ -32,7 +32,7 @@ from core.server.chat import ChatHandler
 from core.server.completions import CompletionHandler
 from core.server.errors import APIError, install_error_handlers
 from core.server.frontend import Frontend
-from core.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from core.server.streaming import ClientDisconnected
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int = 4 << 20) -> Any:
-    """The ASGI app serving ``fe``'s engine: FastAPI routes inside the key and body-size checks."""
+    """The ASGI app serving ``fe``'s engine: FastAPI routes inside the arrival stamp and the key and body-size checks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -84,11 +84,11 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request) -> Any:
-        return await CompletionHandler(fe, req)(raw)
+        return await CompletionHandler(fe, req, arrival_time(raw.scope))(raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
-        return await ChatHandler(fe, req)(raw)
+        return await ChatHandler(fe, req, arrival_time(raw.scope))(raw)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
@@ -110,6 +110,7 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
     wrapped: Any = BodyLimitMiddleware(app, max_request_bytes)
     if api_key:
         wrapped = ApiKeyMiddleware(wrapped, api_key)
+    wrapped = ArrivalMiddleware(wrapped)  # outermost: the stamp precedes reading the body
     wrapped.fastapi_app = app  # tests and tools reach the routes and the OpenAPI schema here
     return wrapped
 

@@ -50,7 +50,7 @@ class ChatHandler(Handler):
         ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template)
         fe.check_length(len(ids), params.max_tokens)
         (ticket,) = fe.admit(1)
-        return await self.respond(raw, [fe.generate(self.id, params, ids, ticket)], [ticket])
+        return await self.respond(raw, [fe.generate(self.id, params, ids, ticket, self.arrival_time)], [ticket])
 
     def _logprobs(self, token_ids: list[int], entries: list | None) -> dict | None:
         if not self.req.logprobs:

@@ -79,7 +79,7 @@ class CompletionHandler(Handler):
             self.echo_texts = [text if text is not None else await fe.detokenize(ids) for text, ids in prompts]
         tickets = fe.admit(len(prompts))
         streams = [
-            fe.generate(f"{self.id}-{i}", params, ids, t)
+            fe.generate(f"{self.id}-{i}", params, ids, t, self.arrival_time)
             for i, ((_, ids), t) in enumerate(zip(prompts, tickets, strict=True))
         ]
         return await self.respond(raw, streams, tickets)

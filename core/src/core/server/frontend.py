@@ -184,16 +184,21 @@ class Frontend:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     async def generate(
-        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket
+        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
-        """The engine's cumulative outputs of one request, with metrics; aborts when closed early."""
+        """The engine's cumulative outputs of one request, with metrics; aborts when closed early.
+
+        :param arrival_time: when the HTTP request came in: TTFT and queue time count from it.
+        """
         tracker = self.metrics.track()
         replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
         if ticket.is_queued:
             ticket.replica = replica
             self.queued[replica] += 1
         self.in_flight[replica] += 1
-        stream = self.replicas[replica].generate(request_id, params, prompt_token_ids=prompt_ids)
+        stream = self.replicas[replica].generate(
+            request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time
+        )
         try:
             async for out in stream:
                 ticket.release()

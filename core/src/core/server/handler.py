@@ -29,9 +29,11 @@ class Handler:
     object_name: ClassVar[str] = ""
     chunk_object_name: ClassVar[str] = ""
 
-    def __init__(self, fe: Frontend, req: Any) -> None:
+    def __init__(self, fe: Frontend, req: Any, arrival_time: float) -> None:
+        """:param arrival_time: when the HTTP request came in (``time.time()``); its engine requests count from it."""
         self.fe = fe
         self.req = req
+        self.arrival_time = arrival_time
         self.id = fe.new_id(self.id_prefix)
         self.created = int(time.time())
 

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the request-body size limit (413) and the API key (401).
+"""Pure ASGI middleware: the arrival stamp, the request-body size limit (413) and the API key (401).
 
 Pure ASGI rather than ``BaseHTTPMiddleware`` so ``receive`` stays the server's own: the
 handlers listen on it for the client's disconnect.
@@ -7,6 +7,7 @@ handlers listen on it for the client's disconnect.
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 
 from core.server.errors import APIError
@@ -23,6 +24,25 @@ PUBLIC_PATHS = frozenset({"/health", "/metrics", "/version", "/openapi.json", "/
 
 async def _answer(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
     await error.response()(scope, receive, send)
+
+
+class ArrivalMiddleware:
+    """Stamp every request with the wall-clock time it came in (``time.time()``, the engine's
+    clock), before its body is read, validated or tokenized: the engine's request metrics
+    (TTFT, queue time) count from it, so ``/metrics`` sees what the client waited."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["arrival_time"] = time.time()
+        await self.app(scope, receive, send)
+
+
+def arrival_time(scope: Scope) -> float:
+    """The stamp :class:`ArrivalMiddleware` put on the request of ``scope``."""
+    return scope["state"]["arrival_time"]
 
 
 class BodyLimitMiddleware:

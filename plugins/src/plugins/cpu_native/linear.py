@@ -1,4 +1,5 @@
-"""Quantized linear layers: int8 weight-only and GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+"""Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), and
+quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`plugins.cpu_native.int_linear`).
 
 By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
@@ -18,9 +19,24 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32, F32W, INT8, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, X8
+from plugins.cpu_native.int_linear import native_form
+from plugins.cpu_native.library import (
+    DTYPE_BF16,
+    DTYPE_F32,
+    F32W,
+    INT8,
+    PER_TOKEN,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    X8,
+)
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
+from plugins.int_quant import INT_FORMATS, IntWeight
 from plugins.kernels import GGUFWeight
 
 #: GGUF types kept in their blocks, with their native format code
@@ -92,13 +108,20 @@ class QuantizedWeight:
     scales: torch.Tensor | None
     out_features: int
     in_features: int
+    #: act-order checkpoints: column ``k`` of ``data`` multiplies input feature ``perm[k]``
+    perm: torch.Tensor | None = None
+    #: x8 only: round activations to int8 per row (W8A8 checkpoints) instead of per block of 32
+    per_token: bool = False
     #: data pointers of ``data`` and ``scales`` (0 if none), taken once for the kernel calls
     data_ptr: int = field(init=False, repr=False)
     scales_ptr: int = field(init=False, repr=False)
+    #: the format code the kernel is called with
+    call_code: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_ptr", self.data.data_ptr())
         object.__setattr__(self, "scales_ptr", 0 if self.scales is None else self.scales.data_ptr())
+        object.__setattr__(self, "call_code", self.code + (PER_TOKEN if self.per_token else 0))
 
     @property
     def interleaved(self) -> bool:
@@ -112,7 +135,8 @@ class QuantizedWeight:
         return deinterleave_x8(self.data, self.code - X8, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback)."""
+        """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback), columns
+        in ``data``'s order (before ``perm``)."""
         if self.code % X8 == INT8:
             return self.rows().float() * self.scales[: self.out_features, None]
         if self.fmt in FORMATS:
@@ -126,7 +150,9 @@ class QuantizedWeight:
         """The same weight repacked for the int8-activation kernel."""
         scales = None if self.scales is None else F.pad(self.scales, (0, -self.out_features % GROUP))
         data = interleave_x8(self.data, self.code)
-        return QuantizedWeight(self.fmt, self.code + X8, data, scales, self.out_features, self.in_features)
+        return QuantizedWeight(
+            self.fmt, self.code + X8, data, scales, self.out_features, self.in_features, self.perm, self.per_token
+        )
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
@@ -161,12 +187,31 @@ def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
     return torch.from_numpy(dense.reshape(weight.rows, weight.cols)).float()
 
 
+def checkpoint_weight(weight: IntWeight) -> QuantizedWeight | IntWeight:
+    """A quantized checkpoint's weight in a native block format (:mod:`plugins.cpu_native.int_linear`),
+    or as it came when it has none (it then runs the SDK reference)."""
+    form = native_form(weight)
+    if form is None:
+        return weight
+    fmt, code, data, scales = form
+    per_token = weight.activations == "int8_per_token"
+    return QuantizedWeight(fmt, code, data, scales, weight.rows, weight.cols, weight.perm, per_token)
+
+
 class QuantLinearMixin:
     """``prepare_linear`` / ``linear`` with native quantized kernels (needs ``self.lib``)."""
 
-    supported_quantizations = frozenset({"int8", "gguf"})
+    supported_quantizations = frozenset({"int8", "gguf"}) | INT_FORMATS
 
-    def prepare_linear(self, weight: torch.Tensor | GGUFWeight, quantization: str | None) -> Any:
+    def prepare_linear(self, weight: torch.Tensor | GGUFWeight | IntWeight, quantization: str | None) -> Any:
+        if isinstance(weight, IntWeight):
+            prepared = checkpoint_weight(weight)
+            if not isinstance(prepared, QuantizedWeight):
+                return prepared
+            # W8A8 checkpoints need int8 activations, per token as they were calibrated
+            if prepared.per_token or (self.quantize_activations and prepared.code in _BLOCK_BYTES):
+                return prepared.to_x8()
+            return prepared
         if isinstance(weight, GGUFWeight) or quantization == "int8":
             prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
             # the x8 kernel takes whole blocks of 32 columns (other widths: linear() dequantizes)
@@ -177,15 +222,20 @@ class QuantLinearMixin:
             ):  # fmt: skip
                 return prepared.to_x8()
             return prepared
-        if quantization in (None, "gguf"):  # full-precision tensors of a GGUF file
+        if quantization in (None, "gguf") or quantization in INT_FORMATS:  # full-precision tensors
             return weight
         raise UnsupportedFeature(
-            f"quantization {quantization!r} is not supported by the native CPU kernels; supported: None, int8, gguf"
+            f"quantization {quantization!r} is not supported by the native CPU kernels; "
+            f"supported: None, {', '.join(sorted(self.supported_quantizations))}"
         )
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
+            if weight.perm is not None:
+                x = x.index_select(-1, weight.perm)
             return self._quantized_linear(x, weight, bias)
+        if isinstance(weight, IntWeight):  # no native form: the SDK reference
+            return weight.reference_linear(x, bias)
         dt, bias_arg = NATIVE_DTYPES.get(x.dtype), native_bias(bias)
         if weight.dtype is torch.float32 and dt is not None and x.dim() == 2 and x.is_contiguous():
             rows, k = x.shape
@@ -214,7 +264,7 @@ class QuantLinearMixin:
             rows, cols = x.shape
             if cols == k and k % 32 == 0:
                 out = x.new_empty((rows, n))  # faster than torch.empty(..., dtype=)
-                self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x.data_ptr(), k, rows,
+                self._native_linear(w.call_code, w.data_ptr, w.scales_ptr, n, k, dt, x.data_ptr(), k, rows,
                                     out.data_ptr(), None, DTYPE_F32)  # fmt: skip
                 return out
         if x.shape[-1] != k:
@@ -230,7 +280,7 @@ class QuantLinearMixin:
             bias = bias.float().contiguous()
             bias_arg = native_bias(bias)
         out = x.new_empty((*x.shape[:-1], n))
-        self._native_linear(w.code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
+        self._native_linear(w.call_code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
                             out.data_ptr(), *bias_arg)  # fmt: skip
         return out
 

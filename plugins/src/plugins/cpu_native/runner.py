@@ -77,7 +77,8 @@ def _linear(linear: LinearWeights, what: str) -> _Linear:
     """The native description of a prepared linear."""
     w, bias = linear.weight, linear.bias
     if isinstance(w, QuantizedWeight):
-        code, ptr, scales, n, k = w.code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
+        _need(w.perm is None, f"{what} weight gathers its input first (act-order)")
+        code, ptr, scales, n, k = w.call_code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
     else:
         _need(isinstance(w, torch.Tensor) and w.dim() == 2, f"{what} weight is not a matrix")
         ptr, (n, k) = _dense(w, torch.float32, f"{what} weight"), w.shape
