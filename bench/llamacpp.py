@@ -29,7 +29,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CORE_BENCH_CACHE", Path.home() / ".cache" / "core-bench"))
 
 
-def _run(cmd: list[str], log: Path, **kwargs) -> None:
+def run_logged(cmd: list[str], log: Path, **kwargs) -> None:
+    """Run ``cmd`` with its output appended to ``log``; RuntimeError naming the log if it fails."""
     with log.open("a") as out:
         out.write(f"$ {' '.join(map(str, cmd))}\n")
         out.flush()
@@ -41,7 +42,7 @@ def _run(cmd: list[str], log: Path, **kwargs) -> None:
 def _sdist(cache: Path, log: Path) -> Path:
     found = sorted((cache / "sdist").glob("llama_cpp_python-*.tar.gz"))
     if not found:
-        _run(
+        run_logged(
             [
                 sys.executable,
                 "-m",
@@ -78,9 +79,9 @@ def ensure_llamacpp() -> dict[str, Any]:
     bench, server, lib = build / "bin" / "llama-batched-bench", build / "bin" / "llama-server", build / "bin"
     if not bench.exists() or not server.exists() or not (lib / "libllama.so").exists():
         print(f"building llama.cpp from {sdist.name} into {build} (minutes; log: {log})", file=sys.stderr)
-        _run(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS], log)
+        run_logged(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS], log)
         jobs = str(os.cpu_count() or 2)
-        _run(
+        run_logged(
             ["cmake", "--build", str(build), "-j", jobs, "--target", "llama-batched-bench", "llama-server", "llama"],
             log,
         )
@@ -91,9 +92,9 @@ def ensure_llamacpp() -> dict[str, Any]:
         if python.exists()
         else True
     ):
-        _run([sys.executable, "-m", "venv", str(venv)], log)
+        run_logged([sys.executable, "-m", "venv", str(venv)], log)
         env = os.environ | {"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
-        _run([str(python), "-m", "pip", "install", "--quiet", str(sdist)], log, env=env)
+        run_logged([str(python), "-m", "pip", "install", "--quiet", str(sdist)], log, env=env)
     return {
         "bench": bench,
         "server": server,
@@ -101,6 +102,20 @@ def ensure_llamacpp() -> dict[str, Any]:
         "python": python,
         "version": sdist.name.removesuffix(".tar.gz").split("-")[-1],
     }
+
+
+def ensure_tools(*targets: str) -> dict[str, Path]:
+    """llama.cpp's command-line tools (e.g. ``llama-bench``, ``llama-quantize``) in the cached
+    build, each built once (nice, 2 jobs) after :func:`ensure_llamacpp` configured it."""
+    ensure_llamacpp()
+    cache = cache_dir()
+    build, log = cache / "build", cache / "setup.log"
+    tools = {name: build / "bin" / name for name in targets}
+    missing = [name for name, path in tools.items() if not path.exists()]
+    if missing:
+        print(f"building {' '.join(missing)} into {build} (minutes; log: {log})", file=sys.stderr)
+        run_logged(["nice", "-n", "10", "cmake", "--build", str(build), "-j", "2", "--target", *missing], log)
+    return tools
 
 
 def _lib_env(lib: Path) -> dict[str, str]:
