@@ -14,9 +14,9 @@ big-endian platform (``byte_order="big"``).
 converts them with the SDK's :func:`plugins.byteorder.to_host_order` (its numpy path), and
 dequantizes the result with ``gguf.quants``, which reads the float16/float32 fields in the
 host's (big-endian) order. The values must be x86's bit for bit and the bytes core's loader's;
-the file's bytes dequantized without the conversion must differ (the check can fail). Then the
-s390x kernel library of plugin_s390x (cross-built) multiplies a Q8_0 and a Q4_1 weight of the
-model, as converted, with two random vectors, on each kernel variant the emulated CPU reports
+the file's bytes dequantized without the conversion must differ (once per format: the check
+can fail). Then the s390x kernel library of plugin_s390x (cross-built) multiplies a Q8_0 and a
+Q4_1 weight of the model, as converted, with two random vectors, on each kernel variant the emulated CPU reports
 (and on the z15 one by name where QEMU runs its instructions without reporting them); each
 result must match numpy's product with the dequantized weight. Prints one line per result.
 """
@@ -72,13 +72,13 @@ def check(gguf_path: Path, expected_json: Path) -> bool:
         qtype = gguf.GGMLQuantizationType[info["qtype"]]
         host = to_host_order(raw, info["qtype"], "big")
         values = gguf.quants.dequantize(host, qtype)
-        with np.errstate(all="ignore"):  # the file's bytes read big-endian: scales may be NaN
-            unconverted = gguf.quants.dequantize(raw, qtype)
         good = (
             _digest(values) == info["values_sha256"]
             and hashlib.sha256(host.tobytes()).hexdigest() == info["big_endian_bytes_sha256"]
-            and _digest(unconverted) != info["values_sha256"]
         )
+        if info["qtype"] not in counts:  # once per format: without the conversion the values differ
+            with np.errstate(all="ignore"):  # the file's bytes read big-endian: scales may be NaN
+                good &= _digest(gguf.quants.dequantize(raw, qtype)) != info["values_sha256"]
         if not good:
             print(f"FAIL {name} ({info['qtype']}): values or bytes differ from x86's")
             ok = False
