@@ -38,7 +38,7 @@ if [ "$(cat "$SITE/.installed" 2>/dev/null)" != "$key" ]; then
     pip=(python3 -m pip install -q --root-user-action=ignore --no-deps --target "$SITE")
     "${pip[@]}" gguf tqdm pluggy ./plugins
     # its own CMake build directory: the plugin's default one holds the host's build
-    CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$PWD/native/toolchains/s390x.cmake" \
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$PWD/native/toolchains/s390x.cmake" \
         "${pip[@]}" --config-settings=build-dir="$ENV_DIR/build" ./plugin_s390x
     echo "$key" >"$SITE/.installed"
 fi

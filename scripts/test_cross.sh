@@ -49,6 +49,7 @@ trap 'rm -rf "$tmp"' EXIT
 # dequantize to x86's values, and plugin_s390x's kernels must multiply the converted blocks
 # right on each variant the emulated CPU runs (scripts/s390x_byteorder.py)
 scripts/s390x_env.sh >/dev/null
+summary+=("s390x $(qemu-s390x --version | head -1)")
 model=$("$py" -c 'from core.loader.source import default_model_path; print(default_model_path())')
 "$py" scripts/s390x_byteorder.py expect "$model" "$tmp/expected.json" >/dev/null
 if out=$(scripts/s390x_env.sh run scripts/s390x_byteorder.py check "$model" "$tmp/expected.json" 2>&1); then
