@@ -28,21 +28,8 @@ if [ "${1:-}" = run ]; then
     exit
 fi
 
-# python3.11 and the libraries its modules load (not dbm/nis's); unpacked, not installed
-PACKAGES="python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libc6 libexpat1 zlib1g libssl3 libffi8
-libbz2-1.0 liblzma5 libsqlite3-0 libncursesw6 libtinfo6 libreadline8 libuuid1 libgcc-s1 libstdc++6 libgomp1
-libcrypt1 media-types"
 if [ ! -x "$ROOT/usr/bin/python3.11" ]; then
-    command -v qemu-aarch64 >/dev/null || { apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null; }
-    apt_dir=$ENV_DIR/apt
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
-    touch "$apt_dir/status"
-    apt=(apt-get -qq -o "Dir::State=$apt_dir" -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::State::status=$apt_dir/status"
-         -o "Dir::Cache=$apt_dir" -o "APT::Sandbox::User=root" -o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
-    "${apt[@]}" update
-    (cd "$apt_dir/debs" && "${apt[@]}" download $PACKAGES)
-    mkdir -p "$ROOT"
-    for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$ROOT"; done
+    scripts/debian_python.sh arm64 "$ROOT"
 fi
 run -c 'import platform, sys; print("aarch64 python", sys.version.split()[0], platform.machine())'
 

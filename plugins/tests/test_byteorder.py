@@ -58,8 +58,22 @@ def test_little_endian_is_the_same_tensor():
         (torch.zeros(35, dtype=torch.uint8), "Q8_0", "big", "35 bytes are not a whole number of Q8_0"),
         (torch.zeros(4, dtype=torch.uint8), "F32", "middle", "byte order 'middle'"),
         (torch.zeros(4, dtype=torch.float32), "F32", "big", "expected the raw bytes as uint8"),
+        (np.zeros(4, dtype=np.float32), "F32", "big", "expected the raw bytes as uint8"),
     ],
 )
 def test_bad_input_names_the_problem(raw, fmt, order, message):
     with pytest.raises(ValueError, match=message):
         to_host_order(raw, fmt, order)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "F32", "I8"])
+def test_numpy_arrays_convert_like_tensors(fmt):
+    """The numpy path (a host without torch: scripts/s390x_byteorder.py on s390x) gives a
+    numpy array with the tensor path's bytes, without touching its input."""
+    raw = np.random.default_rng(2).integers(0, 256, size=(4, 680), dtype=np.uint8)
+    before = raw.copy()
+    out = to_host_order(raw, fmt, "big")
+    assert isinstance(out, np.ndarray) and out.shape == raw.shape and out.dtype == np.uint8
+    np.testing.assert_array_equal(out, to_host_order(torch.from_numpy(raw.copy()), fmt, "big").numpy())
+    np.testing.assert_array_equal(raw, before)
+    assert (out is raw) == (fmt == "I8")

@@ -111,8 +111,10 @@ def library_path(table: IsaTable) -> str:
 
 
 def load_library(table: IsaTable) -> ctypes.CDLL:
-    """Open the kernel library (torch first, so its OpenMP runtime is the one shared)."""
-    import torch  # noqa: F401  (loads torch's libgomp; ours then resolves to the same runtime)
+    """Open the kernel library (torch first, so its OpenMP runtime is the one shared; a
+    process without torch, e.g. scripts/s390x_byteorder.py on s390x, uses the library's own)."""
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401  (loads torch's libgomp; ours then resolves to the same runtime)
 
     return ctypes.CDLL(library_path(table))
 
