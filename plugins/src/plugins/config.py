@@ -32,6 +32,9 @@ class EngineConfigView:
     :ivar quantization: ``None``, ``"int8"`` (weight-only) or ``"gguf"``.
     :ivar max_model_len: longest sequence (prompt + output) in tokens; ``None`` until resolved.
     :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
+    :ivar kv_cache_dtype: ``--kv-cache-dtype`` (:mod:`plugins.kv_cache`): before resolution one of
+        ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; resolved, ``fp8_e4m3``, ``fp8_e5m2``
+        or the compute dtype's name (for ``auto``).
     :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
     :ivar local_rank: this process's rank on its own machine.
     """
@@ -56,11 +59,22 @@ class EngineConfigView:
     distributed_executor_backend: str = "mp"
     rank: int = 0
     local_rank: int = 0
+    kv_cache_dtype: str = "auto"
 
     @property
     def world_size(self) -> int:
         """Number of workers one model is split over (the tensor-parallel size)."""
         return self.tensor_parallel_size
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The resolved KV cache dtype as a ``torch.dtype``.
+
+        :raises ValueError: before resolution (``auto``, ``fp8``).
+        """
+        from plugins.kv_cache import kv_torch_dtype
+
+        return kv_torch_dtype(self.kv_cache_dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -135,14 +135,15 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
         if (
-            k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
+            kv_scale is not None or k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
             or not _heads_view(k) or not _heads_view(v) or k.shape[1:] != k_cache.shape[2:]
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape != v_cache.shape
             or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
         ):  # fmt: skip
-            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
         size = k.element_size()
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         bad = self.lib.write_kv_cache(
@@ -160,25 +161,26 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if sliding_window is not None:  # the native kernel attends to the whole context
             if not self._logged_window:
                 logger.info("native CPU kernels: sliding-window attention layers run the torch reference kernel")
                 self._logged_window = True
-            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         dt = NATIVE_DTYPES.get(q.dtype)
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]
         tables = meta.block_tables
         if (
-            dt is None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or not _heads_view(q)
+            dt is None or kv_scale is not None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or not _heads_view(q)
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape[3] != d
             or hq % hk or hq // hk > self.lib.max_group or d > self.lib.max_head
             or tables.dtype != torch.int32 or tables.stride(-1) != 1
             or meta.query_start_loc.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
             or not meta.query_start_loc.is_contiguous() or not meta.seq_lens.is_contiguous()
         ):  # fmt: skip
-            return super().paged_attention(q, k_cache, v_cache, meta, scale)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, kv_scale=kv_scale)
         out = _empty(q, (tokens, hq, d))
         self.lib.paged_attention(
             dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
