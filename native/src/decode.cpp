@@ -95,9 +95,9 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
       status = -3;
       break;
     }
-    CK_FN(paged_attention)(dt, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, s->starts,
-                             s->seq_lens, s->tables, s->table_stride, t, s->num_seqs, m->heads,
-                             m->kv_heads, d, m->block_size, m->scale, nt);
+    CK_FN(paged_attention)(dt, dt, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, 1.0f, 1.0f,
+                             s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
+                             m->heads, m->kv_heads, d, m->block_size, m->scale, nt);
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);
