@@ -57,7 +57,7 @@ class KvCacheDtypeConformance:
             torch.testing.assert_close(kv_scale.cpu(), s_ref, rtol=1e-6, atol=0, msg=lambda m: f"{what} kv_scale: {m}")
         # at most one step of the format apart (the native rounding of a 16-bit input may tie otherwise)
         info = torch.finfo(cache_dtype)
-        step = 2.0**-info.nmant
+        step = info.eps  # 2^-mantissa bits
         for name, got, want, scale in (("k", k_got, k_ref, k_scale), ("v", v_got, v_ref, v_scale)):
             atol = info.smallest_normal * step * (1.0 if scale is None else float(scale))  # a subnormal step
             torch.testing.assert_close(
