@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from plugins import Platform
-from plugins.kv_cache import KV_CACHE_DTYPE_CHOICES
+from plugins.config import KV_CACHE_DTYPE_CHOICES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXECUTOR_BACKENDS = ("mp", "ray")

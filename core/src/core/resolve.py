@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins import EngineConfigView, Platform
-from plugins.kv_cache import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPE_CHOICES
+from plugins.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPE_CHOICES
 
 from core.config import DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, EngineConfig
 from core.discovery import discover, select_platform

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     import torch
 
 
+#: the values ``--kv-cache-dtype`` accepts (vLLM's; :mod:`plugins.kv_cache`), named here
+#: without torch so that the CLI imports none
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: ``fp8`` is E4M3, as in vLLM
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+
+
 @dataclass(frozen=True)
 class EngineConfigView:
     """The engine's settings (field names follow vLLM's engine arguments).

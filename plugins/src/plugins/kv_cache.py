@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import torch
 
-#: the values ``--kv-cache-dtype`` accepts (vLLM's)
-KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-#: ``fp8`` is E4M3, as in vLLM
-KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 #: the one-byte KV dtypes by resolved name
 FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 #: the first write maps ``amax(|x|)`` to this value (E4M3's largest is 448): 2x headroom
