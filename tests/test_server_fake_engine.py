@@ -93,7 +93,8 @@ class FakeEngine:
 
     def stats(self):
         return {"num_running": len(self.requests), "num_waiting": 0, "kv_usage": 0.1 * len(self.requests),
-                "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}  # fmt: skip
+                "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0,
+                "num_total_blocks": 8, "block_size": 16, "kv_cache_dtype": "float32"}  # fmt: skip
 
 
 def test_engine_thread_is_bound_and_the_front_end_moves_to_its_cpus():

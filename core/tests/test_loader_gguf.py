@@ -125,3 +125,21 @@ def test_tokenizer_cached_matches_transformers_conversion(ours, cache_dir):
 def test_gguf_quantization_on_reference_kernels_is_unsupported(cache_dir):
     with pytest.raises(UnsupportedFeature, match="gguf"):
         load_model(None, kernels=Kernels(), dtype=torch.float32, device=CPU, quantization="gguf")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_kv_cache_keeps_greedy_parity(ours, hf_model, prompt_ids, kv_cache_dtype):
+    """One-byte KV caches: the same greedy tokens as transformers, or at the first difference
+    each side's token in the other's top 5 (a near-tie the cache's rounding may flip)."""
+    runner = StandaloneRunner(
+        ours.model, len(prompt_ids), max(map(len, prompt_ids)) + NUM_STEPS, block_size=16, kv_cache_dtype=kv_cache_dtype
+    )
+    tokens, step_logits = runner.greedy(prompt_ids, NUM_STEPS)
+    for i, prompt in enumerate(prompt_ids):
+        with torch.no_grad():
+            reference = hf_model(torch.tensor([prompt + tokens[i][:-1]])).logits[0, len(prompt) - 1 :]
+        for step, (a, b) in enumerate(zip(tokens[i], reference.argmax(-1).tolist(), strict=True)):
+            if a != b:
+                assert b in step_logits[step][i].topk(5).indices.tolist(), f"prompt {i} step {step}: {a} vs {b}"
+                assert a in reference[step].topk(5).indices.tolist(), f"prompt {i} step {step}: {a} vs {b}"
+                break

@@ -161,3 +161,21 @@ def test_model_describes_its_weights_and_caches():
     assert desc.embedding is model.embed_tokens and desc.final_norm is model.norm.weight
     with pytest.raises(ValueError, match="one \\(k, v\\) cache per layer"):
         model.describe(caches[:1])
+
+
+def test_kv_cache_dtype_resolves_once_and_unsupported_ones_name_the_platform(model_dir):
+    host = Host()
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=host)).config
+    assert (view.kv_cache_dtype, view.kv_torch_dtype) == ("bfloat16", torch.bfloat16)  # auto: the compute dtype
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported on host; supported: auto$"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="fp8"))
+    host.supported_kv_cache_dtypes = ("fp8_e5m2",)
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="fp8_e5m2")).config
+    assert (view.kv_cache_dtype, view.kv_torch_dtype) == ("fp8_e5m2", torch.float8_e5m2)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported on host; supported: auto, fp8_e5m2"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="fp8"))
+    host.supported_kv_cache_dtypes = ("fp8_e4m3",)
+    view = resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="fp8")).config
+    assert view.kv_cache_dtype == "fp8_e4m3"  # vLLM's fp8 is E4M3
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3, fp8_e5m2, got 'int8'"):
+        resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="int8"))

@@ -8,6 +8,9 @@ def _stats(running: int, graphs: int) -> dict:
         "num_running": running,
         "num_waiting": 0,
         "kv_usage": 0.5,
+        "num_total_blocks": 10,
+        "block_size": 16,
+        "kv_cache_dtype": "fp8_e4m3",
         "prefix_cache_queries": 0,
         "prefix_cache_hits": 0,
         "num_preemptions": 0,
@@ -22,3 +25,12 @@ def test_platform_gauges_are_exported_under_their_own_names_per_replica():
     assert 'core:num_requests_running{engine="0",model_name="m"} 1.0' in text
     assert 'core:num_requests_running{engine="1",model_name="m"} 2.0' in text
     assert text.count("# TYPE core:platform_graphs_compiled gauge") == 1
+
+
+def test_kv_capacity_and_cache_dtype_are_exported():
+    text = ServerMetrics(lambda: [_stats(1, 7)], "m").render().decode()
+    assert 'core:kv_cache_capacity_tokens{engine="0",model_name="m"} 160.0' in text
+    assert (
+        'core:cache_config_info{block_size="16",cache_dtype="fp8_e4m3",engine="0",model_name="m",num_blocks="10"} 1.0'
+        in text
+    )

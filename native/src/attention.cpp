@@ -2,7 +2,9 @@
 // plugins/attention.py. One work item is (token, kv head): the `group` query heads
 // sharing that kv head are done together so each cached K/V row is loaded once.
 // Online softmax over chunks of keys; query i of a sequence sees keys
-// 0 .. seq_len - query_len + i (causal with offset).
+// 0 .. seq_len - query_len + i (causal with offset). A one-byte cache (fp8.h) is
+// decoded a chunk of rows at a time into float rows, times the layer's K/V scale.
+#include "fp8.h"
 #include "simd.h"
 
 namespace CK_NS {
@@ -20,11 +22,42 @@ static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
   return lo;
 }
 
-template <typename T>
-static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
+// the element type the math reads a cached row as: float rows decoded from one-byte caches
+template <typename C> struct RowOf { typedef C type; };
+template <> struct RowOf<uint8_t> { typedef float type; };
+
+// the cache K/V rows of keys j0 .. j0 + n - 1 for kv head kvh: pointers into the cache, or
+// (one-byte cache) rows decoded through lut and scaled into kbuf / vbuf
+template <typename C, typename R>
+static inline void cache_rows(const C *kc, const C *vc, const int32_t *table, long j0, long n,
+                              long block_size, long hk, long kvh, long d, const float *lut,
+                              float k_scale, float v_scale, float (*kbuf)[kMaxHead],
+                              float (*vbuf)[kMaxHead], const R **krow, const R **vrow) {
+  for (long j = 0; j < n; ++j) {
+    const long pos = j0 + j;
+    const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
+    const C *kr = kc + (slot * hk + kvh) * d, *vr = vc + (slot * hk + kvh) * d;
+    if constexpr (sizeof(C) == 1) {
+      for (long i = 0; i < d; ++i) {
+        kbuf[j][i] = lut[kr[i]] * k_scale;
+        vbuf[j][i] = lut[vr[i]] * v_scale;
+      }
+      krow[j] = kbuf[j];
+      vrow[j] = vbuf[j];
+    } else {
+      krow[j] = kr;
+      vrow[j] = vr;
+    }
+  }
+}
+
+template <typename T, typename C>
+static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                    const int32_t *starts, const int32_t *seq_lens, const int32_t *tables,
                    long table_stride, long tokens, long num_seqs, long hq, long hk, long d,
-                   long block_size, float scale, int nthreads) {
+                   long block_size, float scale, const float *lut, float k_scale,
+                   float v_scale, int nthreads) {
+  typedef typename RowOf<C>::type R;
   const long group = hq / hk;
   parallel_for(tokens * hk, 1, nthreads, tokens * hk > 1, [&](long lo, long hi) {
     for (long item = lo; item < hi; ++item) {
@@ -42,6 +75,7 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
   
       float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
       float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
+      float kbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead], vbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead];
       for (long g = 0; g < group; ++g) {
         const T *qg = q + t * q_stride + (kvh * group + g) * d;
         for (long i = 0; i < d; ++i) {
@@ -53,13 +87,9 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
       }
       for (long j0 = 0; j0 < n_keys; j0 += kChunk) {
         const long n = imin_(kChunk, n_keys - j0);
-        const T *krow[kChunk], *vrow[kChunk];
-        for (long j = 0; j < n; ++j) {
-          const long pos = j0 + j;
-          const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
-          krow[j] = kc + (slot * hk + kvh) * d;
-          vrow[j] = vc + (slot * hk + kvh) * d;
-        }
+        const R *krow[kChunk], *vrow[kChunk];
+        cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, k_scale, v_scale,
+                         kbuf, vbuf, krow, vrow);
         // scores p[g][j] = q_g . k_j; with vectors, 4 keys at a time: 4 independent FMA
         // chains hide the FMA latency (one dot product alone is a chain of d / 8 FMAs)
         for (long g = 0; g < group; ++g) {
@@ -114,7 +144,7 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
               v8 a2 = v8_load(&acc[g][c + 16]), a3 = v8_load(&acc[g][c + 24]);
               for (long j = 0; j < n; ++j) {
                 const v8 pj = v8_set1(p[g][j]);
-                const T *vr = vrow[j] + c;
+                const R *vr = vrow[j] + c;
                 a0 = v8_fma(pj, v8_load(vr), a0);
                 a1 = v8_fma(pj, v8_load(vr + 8), a1);
                 a2 = v8_fma(pj, v8_load(vr + 16), a2);
@@ -129,7 +159,7 @@ static void attend(T *out, const T *q, long q_stride, const T *kc, const T *vc,
         }
 #endif
         for (long j = 0; j < n; ++j) {
-          const T *vr = vrow[j];
+          const R *vr = vrow[j];
           for (long g = 0; g < group; ++g) {
             const float pj = p[g][j];
   #pragma omp simd
@@ -156,21 +186,68 @@ long CK_FN(attention_max_head)(void) { return kMaxHead; }
 long CK_FN(attention_max_group)(void) { return kMaxGroup; }
 
 // out[tokens, hq, d] (contiguous) = attention of q (row t at t * q_stride, heads
-// contiguous) over caches [num_blocks, block_size, hk, d]; starts = query_start_loc
-// [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride] (all int32).
-void CK_FN(paged_attention)(int dtype, void *out, const void *q, long q_stride,
-                              const void *k_cache, const void *v_cache, const int32_t *starts,
-                              const int32_t *seq_lens, const int32_t *tables, long table_stride,
-                              long tokens, long num_seqs, long hq, long hk, long d,
-                              long block_size, float scale, int nthreads) {
-  if (dtype == CK_F32)
-    attend<float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
-                  (const float *)v_cache, starts, seq_lens, tables, table_stride, tokens,
-                  num_seqs, hq, hk, d, block_size, scale, nthreads);
-  else
-    attend<bf16_t>((bf16_t *)out, (const bf16_t *)q, q_stride, (const bf16_t *)k_cache,
-                   (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride, tokens,
-                   num_seqs, hq, hk, d, block_size, scale, nthreads);
+// contiguous) over caches [num_blocks, block_size, hk, d] of cache_dtype (dtype, or a
+// one-byte code of fp8.h whose values are scaled by k_scale / v_scale); starts =
+// query_start_loc [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride]
+// (all int32).
+void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
+                              const void *k_cache, const void *v_cache, float k_scale,
+                              float v_scale, const int32_t *starts, const int32_t *seq_lens,
+                              const int32_t *tables, long table_stride, long tokens,
+                              long num_seqs, long hq, long hk, long d, long block_size,
+                              float scale, int nthreads) {
+  if (is_fp8(cache_dtype)) {
+    float lut[256];
+    for (int b = 0; b < 256; ++b) lut[b] = fp8_to_f32((uint8_t)b, cache_dtype);
+    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
+    if (dtype == CK_F32)
+      attend<float, uint8_t>((float *)out, (const float *)q, q_stride, kc, vc, starts, seq_lens,
+                             tables, table_stride, tokens, num_seqs, hq, hk, d, block_size,
+                             scale, lut, k_scale, v_scale, nthreads);
+    else
+      attend<bf16_t, uint8_t>((bf16_t *)out, (const bf16_t *)q, q_stride, kc, vc, starts,
+                              seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d,
+                              block_size, scale, lut, k_scale, v_scale, nthreads);
+  } else if (dtype == CK_F32) {
+    attend<float, float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
+                         (const float *)v_cache, starts, seq_lens, tables, table_stride,
+                         tokens, num_seqs, hq, hk, d, block_size, scale, NULL, 1.0f, 1.0f,
+                         nthreads);
+  } else {
+    attend<bf16_t, bf16_t>((bf16_t *)out, (const bf16_t *)q, q_stride, (const bf16_t *)k_cache,
+                           (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride,
+                           tokens, num_seqs, hq, hk, d, block_size, scale, NULL, 1.0f, 1.0f,
+                           nthreads);
+  }
+}
+
+// Rows t of k and v (dtype; row t at t * k_stride / v_stride elements, row = kv_heads *
+// head_dim values) stored as one-byte values x / k_scale, x / v_scale (cache_dtype, fp8.h)
+// into slot slots[t] of the caches; negative slots are padding and skipped. Returns the
+// number of slots >= num_slots (not written).
+long CK_FN(write_kv_cache_fp8)(int dtype, int cache_dtype, const void *k, long k_stride,
+                                 const void *v, long v_stride, void *k_cache, void *v_cache,
+                                 const int64_t *slots, long tokens, long row, long num_slots,
+                                 float k_scale, float v_scale) {
+  long bad = 0;
+  uint8_t *kc = (uint8_t *)k_cache, *vc = (uint8_t *)v_cache;
+  for (long t = 0; t < tokens; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    if (s >= num_slots) {
+      ++bad;
+      continue;
+    }
+    for (long i = 0; i < row; ++i) {
+      const float kx = dtype == CK_F32 ? ((const float *)k)[t * k_stride + i]
+                                       : to_f32(((const bf16_t *)k)[t * k_stride + i]);
+      const float vx = dtype == CK_F32 ? ((const float *)v)[t * v_stride + i]
+                                       : to_f32(((const bf16_t *)v)[t * v_stride + i]);
+      kc[s * row + i] = f32_to_fp8(kx / k_scale, cache_dtype);
+      vc[s * row + i] = f32_to_fp8(vx / v_scale, cache_dtype);
+    }
+  }
+  return bad;
 }
 
 }  // extern "C"

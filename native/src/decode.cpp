@@ -5,6 +5,7 @@
 // themselves on a 135M model; here the only Python is one call a step.
 #include <stdlib.h>
 
+#include "fp8.h"
 #include "kernels.h"
 
 // Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
@@ -19,7 +20,8 @@ struct CKLinear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
 struct CKLayer {
   const void *input_norm, *post_norm;  // RMSNorm weights [hidden] (norm_dtype)
   CKLinear qkv, o, gate_up, down;
-  void *k_cache, *v_cache;  // [num_blocks, block_size, kv_heads, head_dim]
+  void *k_cache, *v_cache;  // [num_blocks, block_size, kv_heads, head_dim] (cache_dtype)
+  const float *kv_scale;    // (K, V) scales of a one-byte E4M3 cache (fp8.h), else NULL: 1
 };
 
 struct CKDecoder {
@@ -31,6 +33,7 @@ struct CKDecoder {
   const void *cos_sin;     // [max_pos, head_dim] (cos_sin_dtype)
   float eps, scale;
   int dtype, norm_dtype, cos_sin_dtype;
+  int cache_dtype;  // dtype, or a one-byte code of fp8.h
 };
 
 struct CKStep {
@@ -90,14 +93,20 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
                     m->cos_sin, t, nt);
     CK_FN(rotary)(dt, m->cos_sin_dtype, b[K], k_in, qkv_size, m->kv_heads, d, s->positions,
                     m->cos_sin, t, nt);
-    if (CK_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
-                                l.v_cache, s->slots, t, kv_size * esize, m->num_slots)) {
+    const float ks = l.kv_scale ? l.kv_scale[0] : 1.0f, vs = l.kv_scale ? l.kv_scale[1] : 1.0f;
+    const long bad =
+        is_fp8(m->cache_dtype)
+            ? CK_FN(write_kv_cache_fp8)(dt, m->cache_dtype, b[K], kv_size, v_in, qkv_size, l.k_cache,
+                                        l.v_cache, s->slots, t, kv_size, m->num_slots, ks, vs)
+            : CK_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
+                                    l.v_cache, s->slots, t, kv_size * esize, m->num_slots);
+    if (bad) {
       status = -3;
       break;
     }
-    CK_FN(paged_attention)(dt, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, s->starts,
-                             s->seq_lens, s->tables, s->table_stride, t, s->num_seqs, m->heads,
-                             m->kv_heads, d, m->block_size, m->scale, nt);
+    CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,
+                             s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
+                             m->heads, m->kv_heads, d, m->block_size, m->scale, nt);
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);

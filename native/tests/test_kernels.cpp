@@ -27,9 +27,12 @@ typedef void (*Rotary)(int, int, void *, const void *, long, long, long, const i
 typedef void (*SiluMul)(int, void *, const void *, long, long, long, int);
 typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, const int64_t *,
                         long, long, long);
-typedef void (*Attention)(int, void *, const void *, long, const void *, const void *,
-                          const int32_t *, const int32_t *, const int32_t *, long, long, long,
+typedef void (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
+                          float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
                           long, long, long, long, float, int);
+typedef long (*WriteKvFp8)(int, int, const void *, long, const void *, long, void *, void *,
+                           const int64_t *, long, long, long, float, float);
+enum { FP8_E4M3 = 2, FP8_E5M2 = 3 };  // cache dtype codes of native/src/fp8.h
 typedef int (*Linear)(int, const void *, const float *, long, long, int, const void *, long,
                       long, void *, const void *, int, int);
 
@@ -208,8 +211,12 @@ void test_rotary_silu(Suite &s) {
 
 // Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
 // 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
-// with write_kv_cache through shuffled block tables, then attended.
-void test_attention(Suite &s, long d, int dtype) {
+// with write_kv_cache through shuffled block tables, then attended. A one-byte cache
+// (cache = FP8_*) is written with scales and checked against the unrounded values within
+// the format's rounding (the Python tests compare its bytes with torch's exactly).
+void test_attention(Suite &s, long d, int dtype, int cache = -1) {
+  const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
+  if (!fp8) cache = dtype;
   const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
   const int32_t seq_lens[2] = {8, 37}, starts[3] = {0, 5, 6};
   const int32_t tables[2][3] = {{5, 0, 0}, {2, 7, 4}};
@@ -227,7 +234,9 @@ void test_attention(Suite &s, long d, int dtype) {
     for (auto &v : kv) v = round_bf16(v);
   }
   const size_t es = dtype == F32 ? 4 : 2;
-  std::vector<uint8_t> kc(blocks * bs * row * es, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
+  const size_t cs = fp8 ? 1 : es;
+  const float k_scale = fp8 ? 0.05f : 1.0f, v_scale = fp8 ? 0.02f : 1.0f;
+  std::vector<uint8_t> kc(blocks * bs * row * cs, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
       kb(kv_rows * row * es), vb(kb.size());
   auto put = [&](std::vector<uint8_t> &dst, const std::vector<float> &src) {
     for (size_t i = 0; i < src.size(); ++i)
@@ -237,8 +246,12 @@ void test_attention(Suite &s, long d, int dtype) {
   put(qb, q);
   put(kb, kv[0]);
   put(vb, kv[1]);
-  const long bad = s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(),
-                                                  vc.data(), slots.data(), kv_rows, row * es, blocks * bs);
+  const long bad =
+      fp8 ? s.fn<WriteKvFp8>("write_kv_cache_fp8")(dtype, cache, kb.data(), row, vb.data(), row, kc.data(),
+                                                   vc.data(), slots.data(), kv_rows, row, blocks * bs, k_scale,
+                                                   v_scale)
+          : s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(), vc.data(),
+                                            slots.data(), kv_rows, row * es, blocks * bs);
   const float scale = 1.0f / sqrtf((float)d);
   std::vector<double> ref(tokens * hq * d);
   for (long t = 0; t < tokens; ++t) {
@@ -264,10 +277,12 @@ void test_attention(Suite &s, long d, int dtype) {
     }
   }
   std::vector<uint8_t> out(tokens * hq * d * es);
-  s.fn<Attention>("paged_attention")(dtype, out.data(), qb.data(), hq * d, kc.data(), vc.data(), starts, seq_lens,
-                                     &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, 2);
-  const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16");
-  if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
+  s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
+                                     v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, 2);
+  const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
+                           (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache" : "");
+  if (fp8) s.check(name, (const float *)out.data(), ref, cache == FP8_E4M3 ? 0.15 : 0.3, 0.1);
+  else if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
   else s.check(name, (const uint16_t *)out.data(), ref, 1e-2, 2e-3);
   std::vector<double> zero(1, 0.0);
   const float fbad = (float)bad;
@@ -403,6 +418,7 @@ int main(int argc, char **argv) {
     test_rotary_silu(s);
     for (long d : {64L, 40L}) test_attention(s, d, F32);
     test_attention(s, 64, BF16);
+    for (int cache : {FP8_E4M3, FP8_E5M2}) test_attention(s, 64, F32, cache);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8})

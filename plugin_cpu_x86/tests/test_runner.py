@@ -15,6 +15,7 @@ import transformers
 from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.attention import AttentionMetadata
 from plugins.cpu_native.runner import FusedDecoder, NativeCpuRunner, NotFusable
+from plugins.kv_cache import new_kv_scale
 from plugins.runner import ModelInputs
 
 core_loader = pytest.importorskip("core.loader.loader", reason="the fused decoder runs core's models")
@@ -91,6 +92,41 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
             assert torch.equal(actual, expected), f"hidden states differ by {(actual - expected).abs().max()}"
             for (ek, ev), (fk, fv) in zip(eager_caches, fused_caches, strict=True):
                 assert torch.equal(ek, fk) and torch.equal(ev, fv)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fused_equals_eager_with_fp8_cache(model_dir, cache_dtype):
+    """One-byte caches: an E4M3 cache's first step runs eagerly (it sets the layers' scales),
+    then the fused decoder takes over; hidden states and cache bytes equal the eager run's."""
+    platform, model = load(model_dir, torch.float32, None, False)
+    shape = (24, BLOCK, model.num_kv_heads, model.head_size)
+    scaled = cache_dtype == torch.float8_e4m3fn
+
+    def fp8_caches():
+        return [
+            (torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype),
+             *((new_kv_scale("cpu"),) if scaled else ()))
+            for _ in model.layers
+        ]  # fmt: skip
+
+    eager_caches, fused_caches = fp8_caches(), fp8_caches()
+    fused = FusedDecoder(model.describe(fused_caches), platform.kernels)
+    tables = [[3, 0, 7, 9], [1, 2, 4, 5]]
+    steps = [[[5, 9, 2], [1, 2, 3, 4, 5, 6]], [[4], [8, 8, 3]], [[7], [6]], [[1], [2]]]
+    seq_lens = [0, 0]
+    with torch.inference_mode():
+        for i, new_tokens in enumerate(steps):
+            inputs, seq_lens = step_inputs(new_tokens, seq_lens, tables)
+            expected = model(inputs.input_ids, inputs.positions, eager_caches, inputs.attn_metadata)
+            assert fused.can_run(inputs) == (i > 0 or not scaled)
+            if fused.can_run(inputs):
+                actual = fused(inputs)
+            else:
+                actual = model(inputs.input_ids, inputs.positions, fused_caches, inputs.attn_metadata)
+            assert torch.equal(actual, expected), f"step {i}: hidden states differ by {(actual - expected).abs().max()}"
+    for eager, fused_layer in zip(eager_caches, fused_caches, strict=True):
+        for a, b in zip(eager, fused_layer, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_runner_uses_fused_only_where_it_applies(model_dir, monkeypatch):

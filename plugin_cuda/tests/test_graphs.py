@@ -13,7 +13,7 @@ from plugins.runner import ModelInputs, pad_inputs
 
 
 def config(**kw):
-    return SimpleNamespace(**{"enforce_eager": False, "max_num_seqs": 64, **kw})
+    return SimpleNamespace(**{"enforce_eager": False, "max_num_seqs": 64, "kv_cache_dtype": "bfloat16", **kw})
 
 
 def test_default_capture_sizes_like_vllm() -> None:
@@ -28,6 +28,8 @@ def test_select_capture_sizes() -> None:
     sizes, why = select_capture_sizes(config(), None, True)
     assert sizes == default_capture_sizes(64) and "default" in why
     assert select_capture_sizes(config(enforce_eager=True), None, True) == ((), "enforce_eager is set")
+    sizes, why = select_capture_sizes(config(kv_cache_dtype="fp8_e4m3"), None, True)
+    assert sizes == () and "kv_cache_dtype fp8_e4m3 runs the torch reference" in why
     sizes, why = select_capture_sizes(config(), None, False)
     assert sizes == () and "not graph-safe" in why
     assert select_capture_sizes(config(max_num_seqs=6), (1, 4, 8, 16), True) == ((1, 4), "CUDA_GRAPH_SIZES")

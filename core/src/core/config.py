@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from plugins import Platform
+from plugins.config import KV_CACHE_DTYPE_CHOICES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXECUTOR_BACKENDS = ("mp", "ray")
@@ -36,6 +37,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
+    kv_cache_dtype: str = "auto"  # auto = the compute dtype; fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2: one byte
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
     tensor_parallel_size: int = 1  # ranks one model is split over
@@ -82,6 +84,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         metavar="GIB",
         help="KV cache size in GiB (default: the platform decides)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default=d.kv_cache_dtype,
+        choices=KV_CACHE_DTYPE_CHOICES,
+        help="KV cache storage: auto = the compute dtype; fp8 (= fp8_e4m3, per-layer scales) or fp8_e5m2: one byte",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
@@ -107,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         enforce_eager=args.enforce_eager,
         kv_cache_bytes=int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None,
+        kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         served_model_name=args.served_model_name,
         tensor_parallel_size=args.tensor_parallel_size,

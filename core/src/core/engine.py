@@ -74,13 +74,14 @@ class LLMEngine:
         gc.collect()
         gc.freeze()
         logger.info(
-            "engine ready in %.1fs: device=%s model=%s dtype=%s quantization=%s; KV cache %d blocks = %d tokens, "
+            "engine ready in %.1fs: device=%s model=%s dtype=%s quantization=%s; KV cache (%s) %d blocks = %d tokens, "
             "max concurrency at max_model_len=%d: %.1fx",
             time.perf_counter() - started,
             self.platform.name,
             self.loaded.name,
             config.dtype,
             config.quantization,
+            config.kv_cache_dtype,
             self.kv_plan.num_blocks,
             tokens,
             config.max_model_len,
@@ -241,6 +242,8 @@ class LLMEngine:
             "kv_usage": bm.usage,
             "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
+            "block_size": self.config.block_size,
+            "kv_cache_dtype": self.config.kv_cache_dtype,
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,

@@ -23,7 +23,7 @@ class LLM:
     :param skip_tokenizer_init: run without a tokenizer (prompts as token ids only).
     :param engine_kwargs: any :class:`core.config.EngineConfig` field (``dtype``,
         ``max_model_len``, ``max_num_seqs``, ``block_size``, ``enable_prefix_caching``,
-        ``kv_cache_bytes``, ``quantization``, ``seed``, ``tensor_parallel_size``,
+        ``kv_cache_bytes``, ``kv_cache_dtype``, ``quantization``, ``seed``, ``tensor_parallel_size``,
         ``distributed_executor_backend``, ...).
     """
 

@@ -1,7 +1,8 @@
 """Turns a scheduled batch into model inputs, runs it on the platform, returns logits.
 
 The runner owns the KV cache tensors (one ``(k, v)`` pair per layer, laid out as
-:mod:`plugins.attention` describes) and the only calls into the platform's runner.
+:mod:`plugins.attention` describes, plus the layer's ``kv_scale`` for an E4M3 cache) and
+the only calls into the platform's runner.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from plugins import EngineConfigView, Platform
 from plugins.attention import AttentionMetadata
+from plugins.kv_cache import needs_scale, new_kv_scale
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
 
@@ -40,23 +42,28 @@ class ModelRunner:
         self.model = loaded.model
         self.config = config
         self.dtype = config.torch_dtype
+        self.kv_dtype = config.kv_torch_dtype
         self.device = platform.torch_device()
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[tuple[torch.Tensor, ...]] = []
 
     # -- KV cache ---------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
         """Bytes of one KV block across all layers, K and V."""
         per_layer = self.config.block_size * self.loaded.num_kv_heads * self.loaded.head_size
-        return 2 * self.loaded.num_layers * per_layer * torch.finfo(self.dtype).bits // 8
+        return 2 * self.loaded.num_layers * per_layer * self.kv_dtype.itemsize
 
-    def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, ...]]:
+        """Each layer's ``(k_cache, v_cache)``, with a fresh ``kv_scale`` (set by the first
+        write) for an E4M3 cache: the profile pass's caches and scales are thrown away."""
         shape = (num_blocks, self.config.block_size, self.loaded.num_kv_heads, self.loaded.head_size)
         memory = self.platform.memory
+        scaled = needs_scale(self.kv_dtype)
         return [
             (
-                memory.allocate_kv_cache(shape, self.dtype, self.device),
-                memory.allocate_kv_cache(shape, self.dtype, self.device),
+                memory.allocate_kv_cache(shape, self.kv_dtype, self.device),
+                memory.allocate_kv_cache(shape, self.kv_dtype, self.device),
+                *((new_kv_scale(self.device),) if scaled else ()),
             )
             for _ in range(self.loaded.num_layers)
         ]

@@ -1,11 +1,11 @@
 """Settle the engine's configuration once, before the engine is built.
 
 In order: validate the user's settings -> choose the platform -> merge its
-``check_config`` overrides -> resolve the dtype -> resolve ``max_model_len`` against the
-model's own limit -> the scheduler's token budget (the platform's default unless set).
-The result is the read-only :class:`plugins.EngineConfigView` every later step (device
-set-up, loading, the memory profiler, the runner) receives. Only the KV plan is left: it
-needs the loaded weights (:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
+``check_config`` overrides -> resolve the dtype and the KV cache dtype -> resolve
+``max_model_len`` against the model's own limit -> the scheduler's token budget (the platform's
+default unless set). The result is the read-only :class:`plugins.EngineConfigView` every
+later step (device set-up, loading, the memory profiler, the runner) receives. Only the KV
+plan is left: it needs the loaded weights (:meth:`core.model_runner.ModelRunner.plan_kv_cache`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins import EngineConfigView, Platform
+from plugins.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPE_CHOICES
 
 from core.config import DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, EngineConfig
 from core.discovery import discover, select_platform
@@ -54,6 +55,7 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
     view = EngineConfigView(**{**fields, "device": platform.name})
     view = _merge_overrides(view, platform.check_config(view), f"platform {platform.name}")
     dtype = _resolve_dtype(view.dtype, platform)
+    kv_cache_dtype = _resolve_kv_cache_dtype(view.kv_cache_dtype, dtype, platform)
     model = open_model(view.model)
     max_model_len = _resolve_max_model_len(view.max_model_len, model.max_model_len)
     budget = view.max_num_batched_tokens
@@ -62,7 +64,9 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
         logger.info("platform %s sets max_num_batched_tokens=%d (its default)", platform.name, budget)
     # every running sequence must be able to take one token a step
     budget = max(budget, view.max_num_seqs)
-    view = dataclasses.replace(view, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=budget)
+    view = dataclasses.replace(
+        view, dtype=dtype, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, max_num_batched_tokens=budget
+    )
     return ResolvedEngine(platform, view, model)
 
 
@@ -70,6 +74,10 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
     """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
     if settings.dtype not in DTYPES and settings.dtype not in DTYPE_ALIASES:
         raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {settings.dtype!r}")
+    if settings.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, got {settings.kv_cache_dtype!r}"
+        )
     if settings.distributed_executor_backend not in EXECUTOR_BACKENDS:
         raise ValueError(
             f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
@@ -106,6 +114,18 @@ def _resolve_dtype(dtype: str, platform: Platform) -> str:
     name = supported[0] if dtype == "auto" else DTYPE_ALIASES.get(dtype, dtype)
     if name not in supported:
         raise ValueError(f"dtype {name!r} is not supported on {platform.name}; supported: {', '.join(supported)}")
+    return name
+
+
+def _resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str, platform: Platform) -> str:
+    if kv_cache_dtype == "auto":
+        return dtype
+    name = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+    if name not in platform.supported_kv_cache_dtypes:
+        supported = ", ".join(("auto", *platform.supported_kv_cache_dtypes))
+        raise ValueError(
+            f"kv_cache_dtype {kv_cache_dtype!r} is not supported on {platform.name}; supported: {supported}"
+        )
     return name
 
 

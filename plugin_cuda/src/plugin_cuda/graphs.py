@@ -17,6 +17,7 @@ import torch
 from plugins.attention import AttentionMetadata
 from plugins.buckets import ramp_up_range, smallest_at_least
 from plugins.config import EngineConfigView
+from plugins.kv_cache import FP8_KV_DTYPES
 from plugins.runner import ModelInputs
 
 logger = logging.getLogger(__name__)
@@ -34,12 +35,14 @@ def select_capture_sizes(
     """The decode batch sizes to capture and why, e.g. ``((1, 2, 4), "CUDA_GRAPH_SIZES")``.
 
     Empty when graphs are off: ``config.enforce_eager``, kernels that plan on host
-    lengths (``is_graph_safe`` False), or no size within ``config.max_num_seqs``.
+    lengths (``is_graph_safe`` False), an FP8 KV cache, or no size within ``config.max_num_seqs``.
     """
     if config.enforce_eager:
         return (), "enforce_eager is set"
     if not is_graph_safe:
         return (), "the attention kernels are not graph-safe (CUDA_ATTENTION_BACKEND=reference)"
+    if config.kv_cache_dtype in FP8_KV_DTYPES:  # the reference write indexes by a mask: a host sync
+        return (), f"kv_cache_dtype {config.kv_cache_dtype} runs the torch reference kernels (not graph-safe)"
     max_num_seqs = config.max_num_seqs
     if env_sizes is None:
         return default_capture_sizes(max_num_seqs), f"default sizes up to max_num_seqs={max_num_seqs}"

@@ -111,27 +111,33 @@ class CudaKernels(Kernels):
         out = ops.silu_and_mul(x.reshape(-1, x.shape[-1]))
         return out.view(*x.shape[:-1], x.shape[-1] // 2)
 
-    def write_kv_cache(self, k, v, k_cache, v_cache, slot_mapping):
-        if not self._triton_ops(k, v, k_cache, v_cache) or k_cache.stride() != v_cache.stride():
-            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    def write_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale=None):
+        """Triton copy; a one-byte (FP8) cache runs the SDK's torch reference."""
+        if (
+            not self._triton_ops(k, v, k_cache, v_cache)
+            or k_cache.stride() != v_cache.stride()
+            or k_cache.element_size() == 1
+        ):
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
         from plugin_cuda import ops
 
         ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
 
-    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale, sliding_window=None):
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale, sliding_window=None, kv_scale=None):
         """Triton attention: the split-K decode path when every query length is 1, else prefill.
 
         Grids depend only on host sizes (``num_seqs``, ``max_query_len``,
         ``max_seq_len``); lengths and block tables are read on the device. Sliding-window
-        layers run the torch reference.
+        layers and one-byte (FP8) caches run the torch reference.
         """
         if (
             sliding_window is not None
+            or k_cache.element_size() == 1
             or self.attention_backend != "triton"
             or not _unit_last_stride(q, k_cache, v_cache)
             or k_cache.stride() != v_cache.stride()
         ):
-            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         from plugin_cuda import attention
         from plugin_cuda.splits import plan_decode_splits
 

@@ -23,6 +23,8 @@ class CudaPlatform(plugins.Platform):
     priority = 100
     api_version = plugins.PLATFORM_API_VERSION
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
+    #: FP8 caches run the SDK's torch reference kernels (not the Triton ones)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8_e4m3", "fp8_e5m2")
     distributed_backend = "nccl"
     env_vars = ENV_VARS
 

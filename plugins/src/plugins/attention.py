@@ -8,7 +8,8 @@ is causal with an offset of ``seq_len - query_len``.
 
 The KV cache of one layer is a pair of tensors ``[num_blocks, block_size,
 num_kv_heads, head_size]``; ``block_tables[i, j]`` is the cache block that holds
-tokens ``j * block_size ... (j + 1) * block_size - 1`` of sequence ``i``.
+tokens ``j * block_size ... (j + 1) * block_size - 1`` of sequence ``i``. A one-byte
+(FP8 E4M3) cache adds the layer's ``kv_scale`` as a third element (:mod:`plugins.kv_cache`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     import torch
 
 
+#: the values ``--kv-cache-dtype`` accepts (vLLM's; :mod:`plugins.kv_cache`), named here
+#: without torch so that the CLI imports none
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: ``fp8`` is E4M3, as in vLLM
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+
+
 @dataclass(frozen=True)
 class EngineConfigView:
     """The engine's settings (field names follow vLLM's engine arguments).
@@ -35,6 +42,9 @@ class EngineConfigView:
     :ivar max_num_batched_tokens: most new tokens per engine step; ``None`` until resolved
         (then the user's value, or :meth:`plugins.Platform.default_max_num_batched_tokens`).
     :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
+    :ivar kv_cache_dtype: ``--kv-cache-dtype`` (:mod:`plugins.kv_cache`): before resolution one of
+        ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; resolved, ``fp8_e4m3``, ``fp8_e5m2``
+        or the compute dtype's name (for ``auto``).
     :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
     :ivar local_rank: this process's rank on its own machine.
     """
@@ -59,11 +69,22 @@ class EngineConfigView:
     distributed_executor_backend: str = "mp"
     rank: int = 0
     local_rank: int = 0
+    kv_cache_dtype: str = "auto"
 
     @property
     def world_size(self) -> int:
         """Number of workers one model is split over (the tensor-parallel size)."""
         return self.tensor_parallel_size
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The resolved KV cache dtype as a ``torch.dtype``.
+
+        :raises ValueError: before resolution (``auto``, ``fp8``).
+        """
+        from plugins.kv_cache import kv_torch_dtype
+
+        return kv_torch_dtype(self.kv_cache_dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:

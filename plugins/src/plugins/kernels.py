@@ -18,6 +18,8 @@ from plugins.attention import AttentionMetadata
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import dequantize
 from plugins.int_quant import INT_FORMATS, IntWeight
+from plugins.kv_cache import as_bytes, calibrate, quantize
+from plugins.kv_cache import dequantize as dequantize_kv
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,28 @@ class Kernels:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
         """Store ``k, v [T, Hk, D]`` into flat cache slot ``slot_mapping[t]`` (in place).
 
         Caches are ``[num_blocks, block_size, Hk, D]``; slot ``s`` is block
         ``s // block_size``, offset ``s % block_size``. Tokens whose slot is negative
-        (padding) are not written.
+        (padding) are not written. A one-byte cache (:mod:`plugins.kv_cache`) stores the
+        values saturated to its range; with ``kv_scale`` (``float32 [2]``, E4M3 caches
+        only) it stores ``k / kv_scale[0]`` and ``v / kv_scale[1]``, first setting a scale
+        that is still 0 from these values (:func:`plugins.kv_cache.calibrate`).
         """
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
-        k_flat = k_cache.view(-1, *k_cache.shape[2:])
-        v_flat = v_cache.view(-1, *v_cache.shape[2:])
-        k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
-        v_flat.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+        k, v = k[keep], v[keep]
+        k_scale = v_scale = None
+        if kv_scale is not None and slots.numel():
+            calibrate(kv_scale, k, v)
+            k_scale, v_scale = kv_scale[0], kv_scale[1]
+        k_flat = as_bytes(k_cache).view(-1, *k_cache.shape[2:])
+        v_flat = as_bytes(v_cache).view(-1, *v_cache.shape[2:])
+        k_flat.index_copy_(0, slots, as_bytes(quantize(k, k_cache.dtype, k_scale)))
+        v_flat.index_copy_(0, slots, as_bytes(quantize(v, v_cache.dtype, v_scale)))
 
     def paged_attention(
         self,
@@ -123,6 +134,7 @@ class Kernels:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention of ``q [T, Hq, D]`` over each sequence's cached K/V.
 
@@ -131,8 +143,10 @@ class Kernels:
         new tokens and ``seq_len`` context, at position ``p = seq_len - query_len + i``,
         sees keys ``0 ... p``; with a ``sliding_window`` ``W`` (a layer's local attention)
         only the last ``W`` of them, ``p - W + 1 ... p``. GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns
-        ``[T, Hq, D]`` in ``q``'s dtype.
+        ``[T, Hq, D]`` in ``q``'s dtype. Cached values are read as float32, times
+        ``kv_scale`` (K, V) when given (an E4M3 cache, see :meth:`write_kv_cache`).
         """
+        k_scale, v_scale = (None, None) if kv_scale is None else (kv_scale[0], kv_scale[1])
         out = torch.empty_like(q)
         block_size = k_cache.shape[1]
         group = q.shape[1] // k_cache.shape[2]
@@ -144,8 +158,8 @@ class Kernels:
                 continue
             num_blocks = -(-s_len // block_size)
             blocks = meta.block_tables[i, :num_blocks].long()
-            keys = k_cache[blocks].flatten(0, 1)[:s_len].float()  # [S, Hk, D]
-            values = v_cache[blocks].flatten(0, 1)[:s_len].float()
+            keys = dequantize_kv(as_bytes(k_cache)[blocks].view(k_cache.dtype).flatten(0, 1)[:s_len], k_scale)
+            values = dequantize_kv(as_bytes(v_cache)[blocks].view(v_cache.dtype).flatten(0, 1)[:s_len], v_scale)
             keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)
             query = q[start : start + q_len].float().transpose(0, 1)  # [Hq, Q, D]

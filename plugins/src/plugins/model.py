@@ -42,6 +42,7 @@ class LayerDescription:
     :ivar qkv: q, k and v projections fused by rows (q first): ``[heads + 2 * kv_heads] * head_dim`` outputs.
     :ivar gate_up: gate and up projections fused by rows (gate first): ``2 * intermediate_size`` outputs.
     :ivar k_cache: ``[num_blocks, block_size, kv_heads, head_dim]`` (see :mod:`plugins.attention`).
+    :ivar kv_scale: ``float32 [2]`` (K, V) scales of an E4M3 cache, else None (:mod:`plugins.kv_cache`).
     """
 
     input_norm: torch.Tensor
@@ -52,13 +53,15 @@ class LayerDescription:
     down: LinearWeights
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    kv_scale: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
 class ModelDescription:
     """A Llama-family decoder, described for a native runner (see the module docstring).
 
-    :ivar dtype: the compute dtype of activations, the embedding and the KV caches.
+    :ivar dtype: the compute dtype of activations and the embedding (the KV caches'
+        dtype is their own: the compute dtype or a one-byte :mod:`plugins.kv_cache` dtype).
     :ivar cos_sin: rotary table ``[max_positions, head_dim]``: cos in the first half, sin in the second.
     :ivar attn_scale: the softmax scale of attention (``head_dim ** -0.5``).
     :ivar tie_word_embeddings: whether the LM head reuses :attr:`embedding` (logits are

@@ -38,6 +38,7 @@ from plugins.hookspecs import ENTRY_POINT_GROUP
 from plugins.platform import PLATFORM_API_VERSION, Platform
 from plugins.provenance import TestedCopy, tested_copy
 from plugins.reference import ReferencePlatform, engine_config, tiny_model_config
+from plugins.testing_kv import KvCacheDtypeConformance
 
 #: absolute/relative tolerance per dtype for kernel outputs compared in float32
 TOLERANCES = {"float32": (2e-4, 2e-4), "float16": (3e-3, 3e-3), "bfloat16": (3e-2, 3e-2)}
@@ -107,7 +108,7 @@ def _first_difference(name: str, device: list[list[int]], reference: list[list[i
     return None
 
 
-class PlatformConformance:
+class PlatformConformance(KvCacheDtypeConformance):
     """Inherit this in a backend's tests and set :attr:`platform` to its Platform class."""
 
     platform: ClassVar[type[Platform] | Platform | None] = None
@@ -118,6 +119,9 @@ class PlatformConformance:
         if "dtype_name" in metafunc.fixturenames:
             dtypes = cls._instance().supported_dtypes if cls.platform is not None else ("float32",)
             metafunc.parametrize("dtype_name", list(dtypes))
+        if "kv_cache_dtype" in metafunc.fixturenames:
+            kv_dtypes = cls._instance().supported_kv_cache_dtypes if cls.platform is not None else ()
+            metafunc.parametrize("kv_cache_dtype", list(kv_dtypes) or [None])
 
     @classmethod
     def _instance(cls) -> Platform:

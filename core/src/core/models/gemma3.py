@@ -57,7 +57,7 @@ class Gemma3DecoderLayer(nn.Module):
         positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, ...],
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +114,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple[torch.Tensor, ...]],
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens."""

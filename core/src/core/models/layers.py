@@ -171,7 +171,7 @@ class Attention(nn.Module):
         self,
         positions: torch.Tensor,
         x: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, ...],
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
@@ -185,11 +185,13 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.kernels.rotary_embedding(positions, q, k, cos_sin_cache)
-        k_cache, v_cache = kv_cache
-        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        # the window goes only to the layers that have one: kernels written before it keep working
+        k_cache, v_cache, *kv_scale = kv_cache
+        # the window and an E4M3 cache's scales go only where they exist: kernels written
+        # before them keep working
+        scaled = {"kv_scale": kv_scale[0]} if kv_scale else {}
+        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, **scaled)
         window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
-        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, **window)
+        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, **window, **scaled)
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return self.tp.all_reduce(out) if self.tp is not None else out
 

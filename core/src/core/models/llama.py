@@ -69,7 +69,7 @@ class LlamaDecoderLayer(nn.Module):
         positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, ...],
         meta: AttentionMetadata,
         cos_sin_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +135,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple[torch.Tensor, ...]],
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens."""
@@ -146,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
-    def describe(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelDescription:
+    def describe(self, kv_caches: list[tuple[torch.Tensor, ...]]) -> ModelDescription:
         """This model and its KV caches as the SDK's explicit description (for native runners)."""
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"describe() needs one (k, v) cache per layer: got {len(kv_caches)} for {self.num_layers}")
@@ -161,8 +161,9 @@ class LlamaForCausalLM(nn.Module):
                 down=_linear(layer.mlp.down_proj),
                 k_cache=k_cache,
                 v_cache=v_cache,
+                kv_scale=kv_scale[0] if kv_scale else None,
             )
-            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True)
+            for layer, (k_cache, v_cache, *kv_scale) in zip(self.layers, kv_caches, strict=True)
         )
         return ModelDescription(
             layers=layers,

@@ -9,21 +9,34 @@ from __future__ import annotations
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.kv_cache import needs_scale, new_kv_scale
 
 
 class StandaloneRunner:
     """Prefill several prompts in one flattened batch, then decode them step by step."""
 
-    def __init__(self, model: torch.nn.Module, num_seqs: int, max_len: int, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_seqs: int,
+        max_len: int,
+        block_size: int = 16,
+        kv_cache_dtype: torch.dtype | None = None,
+    ) -> None:
+        """``kv_cache_dtype``: the caches' dtype (default: the model's; a one-byte one of
+        :mod:`plugins.kv_cache` gets each layer's ``kv_scale`` where it needs one)."""
         self.model = model
         self.block_size = block_size
         blocks_per_seq = -(-max_len // block_size)
         self.max_len = blocks_per_seq * block_size
         shape = (num_seqs * blocks_per_seq, block_size, model.num_kv_heads, model.head_size)
+        dtype = kv_cache_dtype or model.dtype
+        scaled = needs_scale(dtype)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(shape, dtype=dtype, device=model.device),
+                torch.zeros(shape, dtype=dtype, device=model.device),
+                *((new_kv_scale(model.device),) if scaled else ()),
             )
             for _ in range(model.num_layers)
         ]

@@ -55,6 +55,18 @@ class _EngineStatsCollector:
                 if name not in families:
                     families[name] = kind(name, doc, labels=names)
                 families[name].add_metric([self.model_name, str(index)], float(value))
+            info = families.setdefault(
+                "core:cache_config_info",
+                GaugeMetricFamily(
+                    "core:cache_config_info",
+                    "Information of the KV cache config (value 1), as vLLM's.",
+                    labels=[*names, "block_size", "cache_dtype", "num_blocks"],
+                ),
+            )
+            info.add_metric(
+                [self.model_name, str(index), str(s["block_size"]), s["kv_cache_dtype"], str(s["num_total_blocks"])],
+                1.0,
+            )
         yield from families.values()
 
     @staticmethod
@@ -67,6 +79,11 @@ class _EngineStatsCollector:
                 s["num_waiting"],
             ),
             ("core:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", s["kv_usage"]),
+            (
+                "core:kv_cache_capacity_tokens",
+                "Tokens the KV cache holds (blocks x block size; a one-byte cache dtype holds twice fp16's).",
+                s["num_total_blocks"] * s["block_size"],
+            ),
             ("core:prefix_cache_hit_rate", "Prefix cache hits / queries, in blocks, since start.", _ratio(s)),
         ):
             yield name, doc, GaugeMetricFamily, value

@@ -16,6 +16,10 @@ from plugins.attention import AttentionMetadata
 from plugins.cpu_native.library import IsaTable, NativeLib
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
+from plugins.kv_cache import calibrate
+
+#: the one-byte cache dtype codes of native/src/fp8.h (16/32-bit caches have the compute dtype's)
+FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 logger = logging.getLogger(__name__)
 
@@ -135,19 +139,45 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
+        if k_cache.dtype in FP8_CODES:
+            return self._write_fp8_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
         if (
-            k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
+            kv_scale is not None or k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
             or not _heads_view(k) or not _heads_view(v) or k.shape[1:] != k_cache.shape[2:]
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape != v_cache.shape
             or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
         ):  # fmt: skip
-            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
         size = k.element_size()
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         bad = self.lib.write_kv_cache(
             k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size, k_cache.data_ptr(),
             v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2] * size, num_slots,
+        )  # fmt: skip
+        if bad:
+            raise IndexError(f"slot_mapping has {bad} slot(s) >= the cache's {num_slots} slots")
+
+    def _write_fp8_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale) -> None:
+        dt = NATIVE_DTYPES.get(k.dtype)
+        if (
+            dt is None or v.dtype != k.dtype or v_cache.dtype != k_cache.dtype
+            or not _heads_view(k) or not _heads_view(v) or k.shape[1:] != k_cache.shape[2:]
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape != v_cache.shape
+            or slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous()
+        ):  # fmt: skip
+            return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
+        scales = [1.0, 1.0] if kv_scale is None else kv_scale.tolist()
+        if min(scales) <= 0:  # the layer's first write sets its scales (plugins.kv_cache)
+            keep = slot_mapping >= 0
+            if bool(keep.any()):
+                calibrate(kv_scale, k[keep], v[keep])
+                scales = kv_scale.tolist()
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        bad = self.lib.write_kv_cache_fp8(
+            dt, FP8_CODES[k_cache.dtype], k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+            v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2], num_slots, *scales,
         )  # fmt: skip
         if bad:
             raise IndexError(f"slot_mapping has {bad} slot(s) >= the cache's {num_slots} slots")
@@ -160,29 +190,33 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if sliding_window is not None:  # the native kernel attends to the whole context
             if not self._logged_window:
                 logger.info("native CPU kernels: sliding-window attention layers run the torch reference kernel")
                 self._logged_window = True
-            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         dt = NATIVE_DTYPES.get(q.dtype)
+        # a 16/32-bit cache has q's dtype; a one-byte one is read with its scales (1 for E5M2)
+        cache_dt = FP8_CODES.get(k_cache.dtype, dt if k_cache.dtype == q.dtype else None)
+        k_scale, v_scale = (1.0, 1.0) if kv_scale is None else kv_scale.tolist()
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]
         tables = meta.block_tables
         if (
-            dt is None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or not _heads_view(q)
+            dt is None or cache_dt is None or v_cache.dtype != k_cache.dtype or not _heads_view(q)
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape[3] != d
             or hq % hk or hq // hk > self.lib.max_group or d > self.lib.max_head
             or tables.dtype != torch.int32 or tables.stride(-1) != 1
             or meta.query_start_loc.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
             or not meta.query_start_loc.is_contiguous() or not meta.seq_lens.is_contiguous()
         ):  # fmt: skip
-            return super().paged_attention(q, k_cache, v_cache, meta, scale)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, kv_scale=kv_scale)
         out = _empty(q, (tokens, hq, d))
         self.lib.paged_attention(
-            dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-            meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
+            dt, cache_dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_scale,
+            v_scale, meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
             tokens, len(meta.seq_lens_host), hq, hk, d, k_cache.shape[1], scale, self.num_threads,
         )  # fmt: skip
         return out

@@ -60,17 +60,26 @@ _SIGNATURES = {
     "silu_and_mul": (None, [c_int, _P, _P, c_long, c_long, c_long, c_int]),
     # k, k_stride_bytes, v, v_stride_bytes, k_cache, v_cache, slots, tokens, row_bytes, num_slots
     "write_kv_cache": (c_long, [_P, c_long, _P, c_long, _P, _P, _P, c_long, c_long, c_long]),
-    # dtype, out, q, q_stride, k_cache, v_cache, starts, seq_lens, tables, table_stride,
-    # tokens, num_seqs, hq, hk, d, block_size, scale, nthreads
+    # dtype, cache_dtype, k, k_stride, v, v_stride, k_cache, v_cache, slots, tokens, row,
+    # num_slots, k_scale, v_scale (strides and row in elements; native/src/fp8.h)
+    "write_kv_cache_fp8": (
+        c_long,
+        [c_int, c_int, _P, c_long, _P, c_long, _P, _P, _P, c_long, c_long, c_long, c_float, c_float],
+    ),
+    # dtype, cache_dtype, out, q, q_stride, k_cache, v_cache, k_scale, v_scale, starts,
+    # seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d, block_size, scale, nthreads
     "paged_attention": (
         None,
         [
+            c_int,
             c_int,
             _P,
             _P,
             c_long,
             _P,
             _P,
+            c_float,
+            c_float,
             _P,
             _P,
             _P,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from plugins.config import EngineConfigView
+from plugins.cpu_native.kernels import FP8_CODES
 from plugins.cpu_native.library import F32W
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
 from plugins.model import LinearWeights, ModelDescription
@@ -38,6 +39,7 @@ class _Layer(Structure):
     _fields_ = [
         ("input_norm", c_void_p), ("post_norm", c_void_p), ("qkv", _Linear), ("o", _Linear),
         ("gate_up", _Linear), ("down", _Linear), ("k_cache", c_void_p), ("v_cache", c_void_p),
+        ("kv_scale", c_void_p),
     ]  # fmt: skip
 
 
@@ -47,7 +49,7 @@ class _Decoder(Structure):
         ("kv_heads", c_long), ("head_dim", c_long), ("inter", c_long), ("vocab", c_long),
         ("block_size", c_long), ("num_slots", c_long), ("embed", c_void_p), ("final_norm", c_void_p),
         ("cos_sin", c_void_p), ("eps", c_float), ("scale", c_float), ("dtype", c_int), ("norm_dtype", c_int),
-        ("cos_sin_dtype", c_int),
+        ("cos_sin_dtype", c_int), ("cache_dtype", c_int),
     ]  # fmt: skip
 
 
@@ -109,6 +111,11 @@ class FusedDecoder:
         _need(norm_w.dtype in NATIVE_DTYPES, "RMSNorm weights are not float32/bfloat16")
         _need(cos_sin.dtype in NATIVE_DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = layers[0].k_cache
+        cache_dtype = k_cache0.dtype
+        _need(cache_dtype == dtype or cache_dtype in FP8_CODES, f"KV cache dtype {cache_dtype}")
+        # an E4M3 cache's scales are set by the first (eager) write: until then, steps run eagerly
+        self.kv_scales = [layer.kv_scale for layer in layers if layer.kv_scale is not None]
+        _need(len(self.kv_scales) in (0, len(layers)), "a kv_scale on every layer or none")
         hidden, inter = desc.hidden_size, desc.intermediate_size
         q_size, kv_size = heads * d, kv_heads * d
         # (in, out) of each projection: the native decoder sizes its buffers from these
@@ -126,14 +133,16 @@ class FusedDecoder:
                 linear = getattr(layer, name)
                 _need((linear.in_features, linear.out_features) == shapes[name], f"layer {i} {name} shape")
                 setattr(entry, name, _linear(linear, f"layer {i} {name}"))
-            entry.k_cache = _dense(k_cache, dtype, f"layer {i} K cache")
-            entry.v_cache = _dense(v_cache, dtype, f"layer {i} V cache")
+            entry.k_cache = _dense(k_cache, cache_dtype, f"layer {i} K cache")
+            entry.v_cache = _dense(v_cache, cache_dtype, f"layer {i} V cache")
+            if layer.kv_scale is not None:
+                entry.kv_scale = _dense(layer.kv_scale, torch.float32, f"layer {i} kv_scale")
         self._decoder = _Decoder(
             self._layers, len(layers), hidden, heads, kv_heads, d, inter, desc.vocab_size,
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
             _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
             desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
-            NATIVE_DTYPES[cos_sin.dtype],
+            NATIVE_DTYPES[cos_sin.dtype], FP8_CODES.get(cache_dtype, NATIVE_DTYPES[dtype]),
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
@@ -142,9 +151,12 @@ class FusedDecoder:
         self.hidden = hidden
         self.dtype = dtype
 
-    @staticmethod
-    def can_run(inputs: ModelInputs) -> bool:
+    def can_run(self, inputs: ModelInputs) -> bool:
         """Whether the native decoder takes ``inputs`` as they are (else the caller runs eagerly)."""
+        if self.kv_scales:  # checked until the first eager write has set every layer's scales
+            if not all(float(scale.min()) > 0 for scale in self.kv_scales):
+                return False
+            self.kv_scales = []
         meta = inputs.attn_metadata
         return (
             inputs.num_tokens > 0

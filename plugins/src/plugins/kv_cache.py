@@ -1,0 +1,86 @@
+"""KV cache dtypes: one-byte FP8 caches and their per-layer scales (the torch reference).
+
+``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``fp8`` (= ``fp8_e4m3``),
+``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the one-byte dtypes its kernels store and
+read in :attr:`plugins.Platform.supported_kv_cache_dtypes`.
+
+- ``fp8_e5m2`` (``torch.float8_e5m2``) is the top byte of an IEEE fp16: its range covers
+  any activation, so it is stored without a scale (values cast with round-to-nearest-even).
+- ``fp8_e4m3`` (``torch.float8_e4m3fn``) has one more mantissa bit but a range of only
+  +-448 and loses precision below 2**-6; each layer stores ``x / scale`` with a
+  ``kv_scale`` tensor ``float32 [2]`` = (K scale, V scale). A scale of 0 means "not set
+  yet": the first write to the layer's cache sets it to ``amax(|x|) / E4M3_CALIBRATION_TARGET``
+  of the tokens written (the prompt), leaving headroom for later, larger values, which
+  saturate at +-448 instead of overflowing. vLLM computes its dynamic scales the same way
+  (``amax / 200``); its default of 1.0 puts small models' values near the subnormals.
+
+A layer's KV cache is the pair ``(k_cache, v_cache)``, or ``(k_cache, v_cache, kv_scale)``
+for ``fp8_e4m3`` (see :mod:`plugins.attention`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: the one-byte KV dtypes by resolved name
+FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+#: the first write maps ``amax(|x|)`` to this value (E4M3's largest is 448): 2x headroom
+E4M3_CALIBRATION_TARGET = 224.0
+
+
+def kv_torch_dtype(name: str) -> torch.dtype:
+    """The ``torch.dtype`` of a resolved KV cache dtype name (``"fp8_e4m3"``, ``"bfloat16"``, ...).
+
+    :raises ValueError: for an unknown name (or the unresolved ``"auto"``/``"fp8"``).
+    """
+    if name in FP8_KV_DTYPES:
+        return FP8_KV_DTYPES[name]
+    if name in ("float32", "bfloat16", "float16"):
+        return getattr(torch, name)
+    raise ValueError(f"unknown resolved KV cache dtype {name!r}; expected fp8_e4m3, fp8_e5m2 or a compute dtype")
+
+
+def needs_scale(cache_dtype: torch.dtype) -> bool:
+    """Whether a cache of ``cache_dtype`` stores scaled values (E4M3) and so needs a ``kv_scale``."""
+    return cache_dtype == torch.float8_e4m3fn
+
+
+def new_kv_scale(device: torch.device | str) -> torch.Tensor:
+    """A layer's ``kv_scale``: ``float32 [2]`` (K, V), zero = set by the first write."""
+    return torch.zeros(2, dtype=torch.float32, device=device)
+
+
+def calibrate(kv_scale: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Set the scales still at 0 from the values about to be written (in place, no host sync).
+
+    :param kv_scale: ``float32 [2]``; an entry already positive is kept.
+    :param k: the keys being written (any shape, at least one element); likewise ``v``.
+    """
+    amax = torch.stack((k.abs().amax(), v.abs().amax())).float()
+    # an all-zero first write says nothing about the range: 1.0, vLLM's default
+    fresh = torch.where(amax > 0, amax / E4M3_CALIBRATION_TARGET, torch.ones_like(amax))
+    kv_scale.copy_(torch.where(kv_scale > 0, kv_scale, fresh))
+
+
+def quantize(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (divided by ``scale`` when given) in ``cache_dtype``.
+
+    FP8 values saturate at the format's largest value: a plain cast would turn an E4M3
+    overflow into NaN and an E5M2 overflow into inf.
+    """
+    if cache_dtype not in FP8_KV_DTYPES.values():
+        return x.to(cache_dtype)
+    xf = x.float() if scale is None else x.float() / scale
+    limit = torch.finfo(cache_dtype).max
+    return xf.clamp(-limit, limit).to(cache_dtype)
+
+
+def as_bytes(x: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor viewed as ``uint8`` (the same bytes; other dtypes as they are): gathers
+    and scatters run on uint8 on every device, not all devices have them for float8."""
+    return x.view(torch.uint8) if x.dtype in FP8_KV_DTYPES.values() else x
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Cached values as float32 (times ``scale`` when given)."""
+    return x.float() if scale is None else x.float() * scale

@@ -1,0 +1,46 @@
+"""``--kv-cache-dtype`` in the engine: the KV capacity per byte, and the error for a
+dtype the platform does not declare (greedy parity: tests/test_engine_parity.py)."""
+
+import pytest
+import torch
+import transformers
+from plugins import Platform
+from plugins.reference import ReferencePlatform, tiny_model_config
+
+from core import LLM
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(tiny_model_config()).save_pretrained(directory)
+    return directory
+
+
+def _engine(directory, device, **kwargs):
+    return LLM(model=str(directory), device=device, skip_tokenizer_init=True, max_model_len=128, **kwargs)
+
+
+@pytest.mark.parametrize("dtype,factor", [("float32", 4), ("bfloat16", 2)])
+def test_one_byte_cache_holds_more_tokens_in_the_same_bytes(tiny_llama, dtype, factor):
+    directory = tiny_llama
+    budget = 1 << 16  # 64 KiB; a token holds 2 layers x (K, V) x 2 kv heads x 16 dims = 128 values
+
+    def capacity(kv_cache_dtype):
+        llm = _engine(directory, ReferencePlatform(), dtype=dtype, kv_cache_dtype=kv_cache_dtype, kv_cache_bytes=budget)
+        assert llm.engine.config.kv_cache_dtype == {"auto": dtype, "fp8": "fp8_e4m3"}[kv_cache_dtype]
+        stats = llm.engine.stats()
+        return stats["num_total_blocks"] * stats["block_size"]
+
+    assert capacity("auto") == budget // (128 * torch.finfo(getattr(torch, dtype)).bits // 8)
+    assert capacity("fp8") == factor * capacity("auto") == budget // 128
+
+
+def test_unsupported_kv_cache_dtype_names_the_platform(tiny_llama):
+    class NoFp8(Platform):
+        name = "nofp8"
+        device_type = "cpu"
+
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported on nofp8; supported: auto"):
+        _engine(tiny_llama, NoFp8(), kv_cache_dtype="fp8_e5m2")
