@@ -8,6 +8,7 @@ import pytest
 from plugin_cuda.memory import CudaMemoryProfiler, MemoryBreakdown
 from plugin_cuda.platform import CudaPlatform
 from plugin_cuda.runner import GRAPH_OVERHEAD_BYTES, CudaGraphRunner
+from plugins.reference import engine_config as reference_engine_config
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -60,9 +61,7 @@ class FakePlatform(CudaPlatform):
 
 
 def engine_config(**kw):
-    base = dict(enforce_eager=False, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096,
-                block_size=16, kv_cache_bytes=None, gpu_memory_utilization=0.9)  # fmt: skip
-    return SimpleNamespace(**{**base, **kw})
+    return reference_engine_config(**{"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_model_len": 4096, **kw})
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ runner pads into them correctly and the kernels read lengths from device tensors
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from plugin_cuda.kernels import CudaKernels
@@ -17,6 +15,7 @@ from plugin_cuda.platform import CudaPlatform
 from plugin_cuda.runner import CudaGraphRunner, TorchCudaGraphs
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
+from plugins.reference import engine_config as reference_engine_config
 from plugins.runner import ModelInputs, Runner, pad_inputs
 
 HAS_GPU = torch.cuda.is_available()
@@ -69,8 +68,9 @@ class Platform(CudaPlatform):
 
 
 def engine_config(**kw):
-    base = dict(enforce_eager=False, max_num_seqs=4, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE)
-    return SimpleNamespace(**{**base, **kw})
+    return reference_engine_config(
+        **{"max_num_seqs": 4, "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK_SIZE, **kw}
+    )
 
 
 def decode_batch(seq_lens: list[int], num_blocks: int) -> ModelInputs:
