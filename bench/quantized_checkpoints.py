@@ -6,7 +6,9 @@ Makes the float32 Hugging Face folder of SmolLM2-135M from the packaged GGUF
 (``hf_baseline.float32_checkpoint``, without the ``quantization_config`` transformers copies
 from the GGUF), quantizes it with llm-compressor (round to nearest: W8A8 with dynamic
 per-token int8 activations, W4A16 in groups of 64 symmetric and with zero points; 128 does
-not divide the hidden size 576) in a venv cached under ``~/.cache/core-bench/llmc-venv``,
+not divide the hidden size 576; FP8 W8A8 as its FP8_DYNAMIC and FP8 schemes, FP8's static
+input scales calibrated on :data:`CALIBRATION_TEXTS`) in a venv cached under
+``~/.cache/core-bench/llmc-venv``,
 then for each checkpoint checks greedy parity with transformers
 (``plugins.quant_testing.load_decompressed``: decompressed weights, W8A8's activations
 fake-quantized per token by compressed-tensors) on this engine's native CPU kernels and
@@ -30,19 +32,40 @@ sys.path.insert(0, str(HERE))
 from results import put_section  # noqa: E402
 
 SECTION = "quantized-checkpoints"
-#: name -> compressed-tensors weight arguments (every Linear but lm_head); W8A8 adds activations
+#: name -> compressed-tensors weight arguments (every Linear but lm_head); the W8A8 ones add ACTIVATIONS
 SCHEMES = {
     "w8a8": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
     "w4a16-g64": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64},
     "w4a16-asym-g64": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64},
+    "fp8-dynamic": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
+    "fp8-static": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor"},
 }
-W8A8_ACTIVATIONS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+ACTIVATIONS = {
+    "w8a8": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+    "fp8-dynamic": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True},
+    "fp8-static": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False},
+}
+#: the static input scales' calibration set (a few sentences: no dataset download)
+CALIBRATION_TEXTS = [
+    "The capital of France is Paris, a city on the Seine.",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Once upon a time, a small robot lived in a quiet village by the sea.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+]
 QUANTIZE = """
 import json, sys
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
-source, out, groups = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-oneshot(model=source, recipe=QuantizationModifier(config_groups=groups, ignore=["lm_head"]), output_dir=out)
+source, out, groups, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+calibration = {}
+if texts:
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(source)
+    rows = {k: [tok(t)[k] for t in texts] for k in ("input_ids", "attention_mask")}
+    calibration = {"dataset": Dataset.from_dict(rows), "num_calibration_samples": len(texts)}
+recipe = QuantizationModifier(config_groups=groups, ignore=["lm_head"])
+oneshot(model=source, recipe=recipe, output_dir=out, **calibration)
 """
 
 
@@ -63,10 +86,12 @@ def quantized_checkpoint(name: str, source: Path, cache: Path) -> tuple[Path, fl
     if (out / "config.json").exists():
         return out, 0.0
     group = {"targets": ["Linear"], "weights": SCHEMES[name]}
-    if name == "w8a8":
-        group["input_activations"] = W8A8_ACTIVATIONS
+    if name in ACTIVATIONS:
+        group["input_activations"] = ACTIVATIONS[name]
+    static = name in ACTIVATIONS and not ACTIVATIONS[name]["dynamic"]
     start = time.perf_counter()
     cmd = [str(llmc_python(cache)), "-c", QUANTIZE, str(source), str(out), json.dumps({"group_0": group})]
+    cmd.append(json.dumps(CALIBRATION_TEXTS if static else []))
     subprocess.run(cmd, check=True)
     return out, time.perf_counter() - start
 

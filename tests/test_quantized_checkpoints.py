@@ -1,10 +1,12 @@
 """Quantized Hugging Face checkpoints: our greedy decoding vs transformers on the same checkpoint.
 
 Tiny random Llama and Qwen2 models are quantized in the test (round to nearest, by the
-``compressed-tensors`` package) and saved as llm-compressor saves them. transformers
-loads them with ``CompressedTensorsConfig(run_compressed=False)`` (decompressed weights;
-W8A8's activations fake-quantized per token by compressed-tensors' own code, hooked back in:
-transformers 5 runs plain float ``Linear`` layers there): the reference. We load them kept as stored,
+``compressed-tensors`` package; FP8 static input scales calibrated on random tokens) and saved
+as llm-compressor saves them. transformers loads them with
+``CompressedTensorsConfig(run_compressed=False)`` (decompressed weights; W8A8's activations
+fake-quantized, per token or with the stored input scale, by compressed-tensors' own code,
+hooked back in: transformers 5 runs plain float ``Linear`` layers there): the reference. We
+load them kept as stored,
 with the SDK's reference kernels and with cpu_x86's native ones. Parity: equal greedy
 tokens, or at the first difference each side's token in the other's top 5.
 
@@ -23,15 +25,24 @@ import pytest
 import torch
 from core.bench.parity import greedy_parity, hf_next_logits
 from core.loader import load_model
+from core.models.standalone import StandaloneRunner
 from plugins.errors import UnsupportedFeature
-from plugins.int_quant import from_compressed
+from plugins.int_quant import FP8, from_compressed
 from plugins.kernels import Kernels
 from plugins.reference import tiny_model_config
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 pytest.importorskip("compressed_tensors")
-from plugins.quant_testing import load_decompressed, quantize_rtn, save_compressed, scheme, to_awq, to_gptq  # noqa: E402
+from plugins.quant_testing import (  # noqa: E402
+    fp8_scheme,
+    load_decompressed,
+    quantize_rtn,
+    save_compressed,
+    scheme,
+    to_awq,
+    to_gptq,
+)
 
 #: name -> (bits, symmetric, group size or None, int8 activations)
 SCHEMES = {
@@ -41,6 +52,9 @@ SCHEMES = {
     "w8a16": (8, True, None, False),
     "w4a16-asym-channel": (4, False, None, False),
 }
+#: name -> (weight scale per channel, else per tensor; activations): llm-compressor's FP8_DYNAMIC, FP8
+FP8_SCHEMES = {"fp8-dynamic": (True, "fp8_per_token"), "fp8-static": (False, "fp8_static")}
+CALIBRATION = torch.arange(64).reshape(2, 32) * 37 % 256  # token ids for static input scales
 ARCHS = {"llama": LlamaConfig, "qwen2": Qwen2Config}
 PROMPTS = [[5, 17, 33, 9, 100, 41, 7], [3, 150, 22], [90, 12, 61, 22, 8, 77, 31, 45, 120, 11, 64, 5, 19]]
 NUM_STEPS = 6
@@ -68,7 +82,8 @@ def checkpoints(tmp_path_factory):
             config = tiny_model_config(ARCHS[arch], initializer_range=0.1, tie_word_embeddings=arch == "qwen2")
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-            quantize_rtn(model, scheme(*SCHEMES[name]))
+            quant = scheme(*SCHEMES[name]) if name in SCHEMES else fp8_scheme(*FP8_SCHEMES[name])
+            quantize_rtn(model, quant, calibration=CALIBRATION)
             save_compressed(model, directory)
             save_tokenizer(directory, config.vocab_size)
             made[(arch, name)] = directory
@@ -105,6 +120,27 @@ def test_compressed_tensors_parity(checkpoints, arch, name, kernels):
     if kernels == "cpu_x86":
         assert type(qkv).__name__ == "QuantizedWeight" and qkv.per_token == SCHEMES[name][3]
     assert_greedy_parity(load_decompressed(directory), loaded)
+
+
+FP8_CASES = [("llama", n, k) for n in FP8_SCHEMES for k in KERNELS] + [("qwen2", "fp8-static", "cpu_x86")]
+
+
+@pytest.mark.parametrize("arch,name,kernels", FP8_CASES)
+def test_fp8_parity(checkpoints, arch, name, kernels):
+    """FP8 linears run the SDK reference on every kernels (cpu_x86's have no FP8 format)."""
+    directory = checkpoints(arch, name)
+    loaded = load_model(str(directory), kernels=KERNELS[kernels](), dtype=torch.float32, device=torch.device("cpu"))
+    qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
+    assert type(qkv).__name__ == "IntWeight" and qkv.codes.dtype == FP8  # kept as stored
+    assert qkv.activations == FP8_SCHEMES[name][1] and (qkv.input_scale is not None) == (name == "fp8-static")
+    hf = load_decompressed(directory)
+    assert loaded.weights_bytes < sum(p.numel() for p in hf.parameters()) * 4 / 2
+    assert_greedy_parity(hf, loaded)
+    # the same float32 computation: the prompts' logits agree far closer than the rule asks
+    # (float activations instead of E4M3 ones would be ~0.1 off here)
+    _, [logits] = StandaloneRunner(loaded.model, len(PROMPTS), 32, block_size=4).greedy(PROMPTS, 1)
+    for prompt, ours in zip(PROMPTS, logits, strict=True):
+        torch.testing.assert_close(ours, hf_next_logits(hf)(prompt), rtol=0, atol=1e-4)
 
 
 def legacy_copy(source: Path, target: Path, layout: str) -> Path:
@@ -172,7 +208,7 @@ def with_quantization_config(source: Path, target: Path, change) -> Path:
     [
         (lambda q: q.update(quant_method="bitsandbytes"), "'bitsandbytes' is not supported"),
         (lambda q: q.update(format="float-quantized") or q["config_groups"]["group_0"].update(format=None),
-         "'float-quantized' is not supported"),
+         "'float-quantized' with int weights is not supported"),
         (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=2), "'num_bits': 2"),
         (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "strategy 'block'"),
         (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
@@ -180,6 +216,20 @@ def with_quantization_config(source: Path, target: Path, change) -> Path:
 )  # fmt: skip
 def test_unsupported_schemes_are_named(checkpoints, tmp_path, change, message):
     directory = with_quantization_config(checkpoints("llama", "w4a16"), tmp_path / "bad", change)
+    with pytest.raises(UnsupportedFeature, match=message):
+        load_model(str(directory), kernels=Kernels(), dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 128]),
+         "FP8 block-wise weight scales"),
+        (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"}), "kv_cache_scheme"),
+    ],
+)  # fmt: skip
+def test_unsupported_fp8_variants_are_named(checkpoints, tmp_path, change, message):
+    directory = with_quantization_config(checkpoints("llama", "fp8-static"), tmp_path / "bad", change)
     with pytest.raises(UnsupportedFeature, match=message):
         load_model(str(directory), kernels=Kernels(), dtype=torch.float32, device="cpu")
 
@@ -195,14 +245,15 @@ def test_quantization_flag_must_match_the_checkpoint(checkpoints):
     assert loaded.weights_bytes < dense  # 4-bit blocks: the linears take about a sixth of float32's bytes
 
 
-@pytest.mark.parametrize("layout", ["w8a8", "gptq"])
+@pytest.mark.parametrize("layout", ["w8a8", "gptq", "fp8-dynamic", "fp8-static"])
 def test_engine_on_cpu_x86(checkpoints, tmp_path, layout):
     """The whole engine on cpu_x86: W8A8 through its fused native decoder (per-token activations
-    passed down), act-order GPTQ eagerly (the decoder does not gather inputs)."""
+    passed down), act-order GPTQ eagerly (the decoder does not gather inputs), FP8 eagerly (the
+    SDK reference)."""
     from core import LLM, SamplingParams
 
-    source = checkpoints("llama", "w8a8" if layout == "w8a8" else "w4a16-asym")
-    directory = source if layout == "w8a8" else legacy_copy(source, tmp_path / layout, layout)
+    source = checkpoints("llama", "w4a16-asym" if layout == "gptq" else layout)
+    directory = legacy_copy(source, tmp_path / layout, layout) if layout == "gptq" else source
     llm = LLM(model=str(directory), device="cpu_x86", dtype="float32", skip_tokenizer_init=True, max_model_len=64)
     assert (llm.engine.platform.runner.fused is not None) == (layout == "w8a8")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_STEPS, ignore_eos=True, logprobs=5)

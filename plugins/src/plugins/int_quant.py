@@ -1,11 +1,12 @@
-"""Integer-quantized linear weights of Hugging Face checkpoints, and their torch reference.
+"""Integer- and FP8-quantized linear weights of Hugging Face checkpoints, and their torch reference.
 
-The loader reads the three layouts quantized checkpoints ship in (compressed-tensors'
-``int-quantized`` and ``pack-quantized``, AutoGPTQ's and AutoAWQ's ``qweight``/``qzeros``/
-``scales``) into one form, :class:`IntWeight`: signed integer codes with a scale (and a
-zero point) per output row and group of input columns, as stored (no float weights).
-:meth:`IntWeight.dequantize` and :func:`quantize_activations_per_token` are the reference
-every backend can run; backends with native kernels repack the codes instead.
+The loader reads the layouts quantized checkpoints ship in (compressed-tensors'
+``int-quantized``, ``pack-quantized`` and ``float-quantized`` (FP8), AutoGPTQ's and AutoAWQ's
+``qweight``/``qzeros``/``scales``) into one form, :class:`IntWeight`: signed integer (or
+float8 E4M3) codes with a scale (and a zero point) per output row and group of input
+columns, as stored (no float weights). :meth:`IntWeight.reference_linear` (with
+:func:`quantize_activations_per_token` and :func:`quantize_activations_fp8`) is the reference
+every backend can run; backends with native kernels repack the integer codes instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import torch
 INT_FORMATS = frozenset({"compressed-tensors", "gptq", "awq"})
 #: AutoAWQ's GEMM packing: nibble ``i`` of an int32 holds column ``AWQ_ORDER[i]`` of its 8
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+#: the float8 format of FP8 checkpoints' weights and activations, and its largest finite value
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+#: ``IntWeight.activations``: the input's quantization before the product (None: float)
+ACTIVATIONS = (None, "int8_per_token", "fp8_per_token", "fp8_static")
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,16 @@ class IntWeight:
     """A ``[rows, cols]`` linear weight ``w[n, k] = scales[n, g] * (codes[n, k] - zeros[n, g])``,
     ``g = k // group_size``.
 
-    ``codes``: int8 ``[rows, cols]`` in ``[-2**(bits-1), 2**(bits-1))``; ``scales``: float32
+    ``codes``: int8 ``[rows, cols]`` in ``[-2**(bits-1), 2**(bits-1))``, or :data:`FP8`
+    (``bits`` 8, no zero points, one group per row); ``scales``: float32
     ``[rows, cols // group_size]``; ``zeros``: int8 like ``scales``, or None (symmetric).
     ``perm`` (act-order GPTQ): int64 ``[cols]``, column ``k`` of ``codes`` multiplies input
     feature ``perm[k]`` (the input is gathered by it first); None for the identity.
-    ``activations``: None (float activations) or ``"int8_per_token"`` (W8A8: each input row
-    rounded to int8 with its own dynamic symmetric scale before the product).
+    ``activations`` (one of :data:`ACTIVATIONS`): None (float activations), ``"int8_per_token"``
+    (W8A8: each input row rounded to int8 with its own dynamic symmetric scale before the
+    product), ``"fp8_per_token"`` (FP8 W8A8 dynamic: the same to E4M3, scale ``max|row| / 448``)
+    or ``"fp8_static"`` (each input rounded to E4M3 with the calibrated ``input_scale``, a
+    float32 scalar tensor, None otherwise).
     """
 
     codes: torch.Tensor
@@ -40,9 +50,19 @@ class IntWeight:
     group_size: int
     perm: torch.Tensor | None = None
     activations: str | None = None
+    input_scale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rows, cols = self.codes.shape
+        fp8_codes, fp8_acts = self.codes.dtype == FP8, self.activations in ("fp8_per_token", "fp8_static")
+        if self.activations not in ACTIVATIONS or fp8_acts != fp8_codes and self.activations is not None:
+            raise ValueError(f"activations {self.activations!r} with {self.codes.dtype} codes; valid: {ACTIVATIONS}")
+        if (self.input_scale is not None) != (self.activations == "fp8_static"):
+            raise ValueError(
+                f"an input_scale goes with (and only with) 'fp8_static' activations, not {self.activations!r}"
+            )
+        if fp8_codes and (self.zeros is not None or self.group_size != cols or self.perm is not None):
+            raise ValueError("FP8 codes take one scale per row: no zero points, groups or act-order")
         if cols % self.group_size or self.scales.shape != (rows, cols // self.group_size):
             raise ValueError(
                 f"quantized weight [{rows}, {cols}] with group size {self.group_size} needs scales "
@@ -61,7 +81,7 @@ class IntWeight:
 
     def to(self, device: torch.device) -> IntWeight:
         """The same weight with its tensors on ``device``."""
-        moved = {f: getattr(self, f) for f in ("codes", "scales", "zeros", "perm")}
+        moved = {f: getattr(self, f) for f in ("codes", "scales", "zeros", "perm", "input_scale")}
         moved = {f: None if t is None else t.to(device) for f, t in moved.items()}
         return IntWeight(**moved, bits=self.bits, group_size=self.group_size, activations=self.activations)
 
@@ -82,6 +102,8 @@ class IntWeight:
         xf = x.float()
         if self.activations == "int8_per_token":
             xf = quantize_activations_per_token(xf)
+        elif self.activations is not None:
+            xf = quantize_activations_fp8(xf, self.input_scale)
         out = torch.nn.functional.linear(xf, self.dequantize(), None if bias is None else bias.float())
         return out.to(x.dtype)
 
@@ -89,15 +111,33 @@ class IntWeight:
 def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to int8 per row, returned dequantized: compressed-tensors' dynamic per-token
     symmetric scheme (scale ``max|row| / 127.5``, codes clamped to [-128, 127])."""
-    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.5).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = _row_scales(x, 127.5)
     return torch.round(x / scale).clamp_(-128, 127) * scale
 
 
+def quantize_activations_fp8(x: torch.Tensor, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (float32) rounded to float8 E4M3, returned dequantized, as compressed-tensors does it:
+    scaled by ``input_scale`` (static) or per row by ``max|row| / 448`` (dynamic), saturated to
+    +-448, rounded to nearest even by the cast. (vLLM's kernels also floor the dynamic scale at
+    ``1 / (448 * 512)``: rows under ``1/512`` in magnitude are rounded more coarsely there.)"""
+    scale = _row_scales(x, FP8_MAX) if input_scale is None else input_scale.float()
+    return (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+
+
+def _row_scales(x: torch.Tensor, top: float) -> torch.Tensor:
+    """Symmetric per-row scales ``max|row| / top`` (never zero)."""
+    return (x.abs().amax(dim=-1, keepdim=True) / top).clamp_min(torch.finfo(torch.float32).tiny)
+
+
 def concat_int_weights(parts: list[IntWeight]) -> IntWeight:
-    """Fuse ``parts`` along their rows (q/k/v, gate/up) when they share their quantization."""
+    """Fuse ``parts`` along their rows (q/k/v, gate/up) when they share their quantization.
+
+    Static FP8 input scales (the parts read the same input, so calibration gives them one
+    scale) are fused to their largest, as vLLM does."""
     first = parts[0]
     same = all(
         p.bits == first.bits and p.group_size == first.group_size and p.activations == first.activations
+        and p.codes.dtype == first.codes.dtype
         and (p.zeros is None) == (first.zeros is None) and p.cols == first.cols
         and ((p.perm is None and first.perm is None) or (p.perm is not None and first.perm is not None
                                                          and torch.equal(p.perm, first.perm)))
@@ -114,6 +154,7 @@ def concat_int_weights(parts: list[IntWeight]) -> IntWeight:
         group_size=first.group_size,
         perm=first.perm,
         activations=first.activations,
+        input_scale=None if first.input_scale is None else torch.stack([p.input_scale for p in parts]).amax(),
     )
 
 
@@ -176,9 +217,11 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
 def from_compressed(
     tensors: dict[str, torch.Tensor], bits: int, group_size: int | None, packed: bool, activations: str | None
 ) -> IntWeight:
-    """compressed-tensors' ``int-quantized`` (``weight`` int8) or ``pack-quantized`` (``weight_packed``
-    int32 ``[N, K*bits/32]`` offset by ``2**(bits-1)``, ``weight_zero_point`` packed along the
-    output) tensors of one linear: ``weight_scale`` ``[N, G]``, ``weight_g_idx`` for act-order."""
+    """compressed-tensors' ``int-quantized`` (``weight`` int8), ``float-quantized`` (``weight``
+    :data:`FP8`, ``weight_scale`` per tensor or row, ``input_scale`` for ``"fp8_static"``) or
+    ``pack-quantized`` (``weight_packed`` int32 ``[N, K*bits/32]`` offset by ``2**(bits-1)``,
+    ``weight_zero_point`` packed along the output) tensors of one linear: ``weight_scale``
+    ``[N, G]``, ``weight_g_idx`` for act-order."""
     scales = tensors["weight_scale"]
     if packed:
         rows, cols = (int(v) for v in tensors["weight_shape"])
@@ -188,13 +231,16 @@ def from_compressed(
             zeros = unpack_int32(zeros, bits, 0)[:rows] - (1 << (bits - 1))
     else:
         codes, zeros = tensors["weight"], tensors.get("weight_zero_point")
-    cols = codes.shape[1]
+    rows, cols = codes.shape
     group_size = cols if group_size is None else group_size
     g_idx = tensors.get("weight_g_idx")
     perm = None if g_idx is None else act_order(g_idx, group_size)
     if perm is not None:
         codes = codes[:, perm]
-    return _int_weight(codes, scales.reshape(codes.shape[0], -1), zeros, bits, group_size, perm, activations)
+    if scales.numel() == 1:  # one scale for the whole tensor (FP8): each row's
+        scales = scales.reshape(1, 1).expand(rows, 1)
+    input_scale = tensors["input_scale"].float().reshape(()) if activations == "fp8_static" else None
+    return _int_weight(codes, scales.reshape(rows, -1), zeros, bits, group_size, perm, activations, input_scale)
 
 
 def _int_weight(
@@ -205,17 +251,19 @@ def _int_weight(
     group_size: int,
     perm: torch.Tensor | None,
     activations: str | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> IntWeight:
-    """An :class:`IntWeight` with contiguous int8/float32 tensors; all-zero zero points dropped."""
+    """An :class:`IntWeight` with contiguous int8 (or FP8)/float32 tensors; all-zero zero points dropped."""
     if zeros is not None:
         zeros = zeros.reshape(scales.shape)
         zeros = None if not zeros.any() else zeros.to(torch.int8).contiguous()
     return IntWeight(
-        codes.to(torch.int8).contiguous(),
+        (codes if codes.dtype == FP8 else codes.to(torch.int8)).contiguous(),
         scales.float().contiguous(),
         zeros,
         bits,
         group_size,
         perm,
         activations,
+        input_scale,
     )

@@ -1,7 +1,8 @@
 """Quantized checkpoints for tests and benchmarks, made with the ``compressed-tensors`` package.
 
-Round-to-nearest quantization (min-max scales per channel or group) of a transformers
-model or a single weight, compressed and decompressed by compressed-tensors itself, so
+Round-to-nearest quantization (min-max scales per tensor, channel or group; FP8 static
+input scales from the inputs' range on calibration tokens) of a transformers model or a
+single weight, compressed and decompressed by compressed-tensors itself, so
 the engine's reading of the stored layouts is checked against the format's own code.
 The legacy AutoGPTQ/AutoAWQ layouts are written from the same codes (:func:`to_gptq`,
 :func:`to_awq`). Needs ``compressed-tensors`` (a test dependency), imported lazily.
@@ -34,24 +35,74 @@ def scheme(bits: int, symmetric: bool, group_size: int | None, int8_activations:
     return QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts)
 
 
-def quantize_rtn(model: torch.nn.Module, quant_scheme: Any, ignore: tuple[str, ...] = ("lm_head",)) -> None:
-    """Attach ``quant_scheme`` to ``model``'s linears (but ``ignore``) and set min-max scales and zero points."""
+def fp8_scheme(per_channel: bool, activations: str | None) -> Any:
+    """A compressed-tensors ``QuantizationScheme`` on every ``Linear``: float8 E4M3 weights with a
+    scale per tensor or channel; ``activations`` None (W8A16), ``"fp8_per_token"`` (dynamic, as
+    llm-compressor's FP8_DYNAMIC) or ``"fp8_static"`` (a calibrated scale per tensor, as its FP8)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    weights = QuantizationArgs(num_bits=8, type="float", strategy="channel" if per_channel else "tensor")
+    acts = None
+    if activations is not None:
+        dynamic = activations == "fp8_per_token"
+        acts = QuantizationArgs(num_bits=8, type="float", strategy="token" if dynamic else "tensor", dynamic=dynamic)
+    return QuantizationScheme(targets=["Linear"], weights=weights, input_activations=acts)
+
+
+def quantize_rtn(
+    model: torch.nn.Module,
+    quant_scheme: Any,
+    ignore: tuple[str, ...] = ("lm_head",),
+    calibration: torch.Tensor | None = None,
+) -> None:
+    """Attach ``quant_scheme`` to ``model``'s linears (but ``ignore``) and set min-max scales and zero
+    points; static input scales from each linear's input range when the float model runs on the
+    ``calibration`` token ids (without them, they stay as compressed-tensors initialised them)."""
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, apply_quantization_config
     from compressed_tensors.quantization.utils import calculate_qparams
 
+    input_amax = {} if calibration is None else _input_amax(model, calibration)
     config = QuantizationConfig(config_groups={"group_0": quant_scheme}, ignore=list(ignore))
     apply_quantization_config(model, config)
     args = quant_scheme.weights
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not hasattr(module, "weight_scale"):
             continue
         w = module.weight.data
-        groups = w.reshape(w.shape[0], -1, args.group_size or w.shape[1])
+        if args.strategy == "tensor":
+            groups = w.reshape(1, 1, -1)
+        else:
+            groups = w.reshape(w.shape[0], -1, args.group_size or w.shape[1])
         scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
         module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
         if hasattr(module, "weight_zero_point"):
             module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
+        if hasattr(module, "input_scale") and name in input_amax:
+            amax = input_amax[name].reshape(1)
+            scale, _ = calculate_qparams(-amax, amax, quant_scheme.input_activations)
+            module.input_scale.data.copy_(scale.reshape(module.input_scale.shape))
         module.quantization_status = QuantizationStatus.FROZEN
+
+
+def _input_amax(model: torch.nn.Module, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``max|input|`` of each ``Linear`` of the float ``model`` over a forward pass on ``token_ids``."""
+    amax: dict[str, torch.Tensor] = {}
+
+    def record(name: str, inputs: tuple[torch.Tensor, ...]) -> None:
+        amax[name] = torch.maximum(amax.get(name, torch.tensor(0.0)), inputs[0].detach().abs().amax().float())
+
+    hooks = [
+        module.register_forward_pre_hook(lambda _, inputs, name=name: record(name, inputs))
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    ]
+    try:
+        with torch.no_grad():
+            model(token_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return amax
 
 
 def save_compressed(model: torch.nn.Module, directory: str | Path) -> None:
@@ -68,15 +119,17 @@ def load_decompressed(directory: str | Path) -> torch.nn.Module:
     """transformers' model of a compressed-tensors checkpoint with its weights decompressed
     (``CompressedTensorsConfig(run_compressed=False)``), as the reference for parity.
 
-    transformers (5.x) then runs plain ``Linear`` layers: a W8A8 checkpoint's activations
-    would stay in float. Its quantized linears get compressed-tensors' own per-token fake
-    quantization of their input back, from the checkpoint's ``input_activations``.
+    transformers (5.x) then runs plain ``Linear`` layers (and drops static ``input_scale``
+    tensors): a W8A8 checkpoint's activations would stay in float. Its quantized linears get
+    compressed-tensors' own fake quantization of their input back, from the checkpoint's
+    ``input_activations``: per token, or with each linear's stored ``input_scale``.
     """
     import json
 
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
@@ -86,15 +139,24 @@ def load_decompressed(directory: str | Path) -> torch.nn.Module:
     [group] = qc["config_groups"].values()
     if group.get("input_activations"):
         args = QuantizationArgs(**group["input_activations"])
+        stored = (
+            {}
+            if args.dynamic
+            else {k: v for f in Path(directory).glob("*.safetensors") for k, v in load_file(f).items()}
+        )
 
-        def quantize_input(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+        def quantize_input(scale: torch.Tensor | None, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
             x = inputs[0]
-            scale, zero = calculate_qparams(x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), args)
+            if scale is None:
+                scale, zero = calculate_qparams(x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), args)
+            else:
+                zero = torch.zeros_like(scale)
             return (fake_quantize(x, scale, zero, args),)
 
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in qc.get("ignore", []):
-                module.register_forward_pre_hook(quantize_input)
+                scale = None if args.dynamic else stored[f"{name}.input_scale"]
+                module.register_forward_pre_hook(lambda _, inputs, scale=scale: quantize_input(scale, inputs))
     return model
 
 

@@ -1,8 +1,9 @@
 """Quantized Hugging Face checkpoints: their ``quantization_config`` checked, their linears gathered.
 
 ``config.json``'s ``quantization_config`` names the format (as vLLM reads it):
-compressed-tensors (llm-compressor's ``int-quantized`` W8A8 and ``pack-quantized``
-W4A16/W8A16), AutoGPTQ (``gptq``) or AutoAWQ (``awq``, GEMM packing). Every scheme this
+compressed-tensors (llm-compressor's ``int-quantized`` W8A8, ``pack-quantized`` W4A16/W8A16
+and ``float-quantized`` FP8 W8A8/W8A16), AutoGPTQ (``gptq``) or AutoAWQ (``awq``, GEMM
+packing). Every scheme this
 engine runs is checked here before a weight is read; anything else is refused by name.
 The tensors of each quantized linear are gathered into one :class:`plugins.int_quant.IntWeight`
 under the linear's ``.weight`` name, kept as stored.
@@ -17,13 +18,22 @@ from typing import Any
 
 import torch
 from plugins.errors import UnsupportedFeature
-from plugins.int_quant import INT_FORMATS, IntWeight, from_awq, from_compressed, from_gptq
+from plugins.int_quant import FP8, INT_FORMATS, IntWeight, from_awq, from_compressed, from_gptq
 
 #: the tensors of one quantized linear, by suffix
 _PART = re.compile(
-    r"(.+)\.(weight_packed|weight_scale|weight_zero_point|weight_shape|weight_g_idx|qweight|qzeros|scales|g_idx)"
+    r"(.+)\.(weight_packed|weight_scale|weight_zero_point|weight_shape|weight_g_idx|input_scale"
+    r"|qweight|qzeros|scales|g_idx)"
 )
+#: the dtypes of a quantized linear stored as ``.weight`` (int-quantized, float-quantized)
+_STORED_WEIGHT_DTYPES = (torch.int8, FP8)
 _W8A8_ACTIVATIONS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+_FP8_WEIGHTS = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+#: llm-compressor's FP8_DYNAMIC and FP8 schemes' input activations, by ``IntWeight.activations``
+_FP8_ACTIVATIONS = {
+    "fp8_per_token": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True},
+    "fp8_static": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False},
+}
 
 
 @dataclass(frozen=True)
@@ -34,11 +44,14 @@ class CheckpointQuantization:
     bits: int
     group_size: int | None  # None: one group per row (channel strategy)
     packed: bool  # compressed-tensors pack-quantized (else int-quantized); GPTQ/AWQ: True
-    activations: str | None  # "int8_per_token" for W8A8
+    activations: str | None  # one of plugins.int_quant.ACTIVATIONS: "int8_per_token" for W8A8
+    fp8: bool = False  # float8 E4M3 weights (float-quantized), a scale per tensor or channel
 
     def describe(self) -> str:
-        """E.g. ``compressed-tensors W4A16 group 32``."""
+        """E.g. ``compressed-tensors W4A16 group 32``, ``compressed-tensors FP8 W8A8 fp8_static``."""
         acts = "A8" if self.activations else "A16"
+        if self.fp8:
+            return f"{self.method} FP8 W8{acts}{f' {self.activations}' if self.activations else ''}"
         grouping = "channel" if self.group_size is None else f"group {self.group_size}"
         return f"{self.method} W{self.bits}{acts} {grouping}"
 
@@ -81,12 +94,15 @@ def _compressed_tensors(qc: dict[str, Any]) -> CheckpointQuantization:
     group = next(iter(groups.values()))
     fmt = group.get("format") or qc.get("format")
     weights, inputs = group.get("weights") or {}, group.get("input_activations")
-    if fmt not in ("int-quantized", "pack-quantized"):
-        raise UnsupportedFeature(
-            f"compressed-tensors format {fmt!r} is not supported; supported: int-quantized, pack-quantized"
-        )
     if group.get("output_activations"):
         raise UnsupportedFeature("compressed-tensors output activation quantization is not supported")
+    if fmt in ("float-quantized", "naive-quantized") and weights.get("type") == "float":
+        return _compressed_fp8(weights, inputs)
+    if fmt not in ("int-quantized", "pack-quantized"):
+        raise UnsupportedFeature(
+            f"compressed-tensors format {fmt!r} with {weights.get('type')} weights is not supported; supported: "
+            "int-quantized, pack-quantized, float-quantized or naive-quantized with float (FP8) weights"
+        )
     bits, strategy = weights.get("num_bits"), weights.get("strategy")
     if weights.get("type") != "int" or bits not in (4, 8) or weights.get("dynamic"):
         raise UnsupportedFeature(f"compressed-tensors weights {weights} are not supported; supported: static int4/int8")
@@ -104,6 +120,31 @@ def _compressed_tensors(qc: dict[str, Any]) -> CheckpointQuantization:
     group_size = weights.get("group_size") if strategy == "group" else None
     activations = "int8_per_token" if inputs is not None else None
     return CheckpointQuantization("compressed-tensors", bits, group_size, fmt == "pack-quantized", activations)
+
+
+def _compressed_fp8(weights: dict[str, Any], inputs: dict[str, Any] | None) -> CheckpointQuantization:
+    strategy = weights.get("strategy")
+    if strategy == "block":
+        raise UnsupportedFeature(
+            f"compressed-tensors FP8 block-wise weight scales (strategy 'block', block_structure "
+            f"{weights.get('block_structure')}) are not supported; supported: a scale per tensor or channel"
+        )
+    if {k: weights.get(k) for k in _FP8_WEIGHTS} != _FP8_WEIGHTS or strategy not in ("tensor", "channel"):
+        raise UnsupportedFeature(
+            f"compressed-tensors float weights {weights} are not supported; supported: {_FP8_WEIGHTS} "
+            "with strategy tensor or channel"
+        )
+    activations = None
+    if inputs is not None:
+        found = [name for name, args in _FP8_ACTIVATIONS.items() if {k: inputs.get(k) for k in args} == args]
+        if not found:
+            raise UnsupportedFeature(
+                f"compressed-tensors FP8 input activations {inputs} are not supported; supported: none, "
+                f"dynamic per token {_FP8_ACTIVATIONS['fp8_per_token']} or static per tensor "
+                f"{_FP8_ACTIVATIONS['fp8_static']}"
+            )
+        activations = found[0]
+    return CheckpointQuantization("compressed-tensors", 8, None, False, activations, fp8=True)
 
 
 def _gptq(qc: dict[str, Any]) -> CheckpointQuantization:
@@ -129,7 +170,15 @@ def _awq(qc: dict[str, Any]) -> CheckpointQuantization:
 
 def is_quantized_part(name: str, tensor_dtype: torch.dtype) -> bool:
     """Whether a checkpoint tensor belongs to a quantized linear (to be read as stored)."""
-    return _PART.fullmatch(name) is not None or (name.endswith(".weight") and tensor_dtype == torch.int8)
+    return _quantized_part(name, tensor_dtype) is not None
+
+
+def _quantized_part(name: str, tensor_dtype: torch.dtype) -> tuple[str, str] | None:
+    """``(linear prefix, part)`` of a quantized linear's tensor, or None for a dense one."""
+    if name.endswith(".weight") and tensor_dtype in _STORED_WEIGHT_DTYPES:
+        return name[: -len(".weight")], "weight"
+    match = _PART.fullmatch(name)
+    return None if match is None else (match[1], match[2])
 
 
 def gather_quantized(
@@ -139,18 +188,20 @@ def gather_quantized(
     after every tensor has been read (its parts may lie in different shards)."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
-        match = _PART.fullmatch(name)
-        if match is None and name.endswith(".weight") and tensor.dtype == torch.int8:
-            match = (None, name[: -len(".weight")], "weight")
-        if match is None:
+        part = _quantized_part(name, tensor.dtype)
+        if part is None:
             yield name, tensor
         else:
-            parts.setdefault(match[1], {})[match[2]] = tensor
+            parts.setdefault(part[0], {})[part[1]] = tensor
     for prefix, found in parts.items():
         try:
             weight = _int_weight(found, scheme)
         except KeyError as missing:
             raise ValueError(f"quantized linear {prefix!r} lacks its {missing.args[0]!r} tensor") from None
+        if (weight.codes.dtype == FP8) != scheme.fp8:
+            raise ValueError(
+                f"quantized linear {prefix!r} stores {weight.codes.dtype} codes, not those of {scheme.describe()}"
+            )
         yield f"{prefix}.weight", weight.to(device)
 
 

@@ -8,7 +8,7 @@ group of ``g`` columns becomes ``g / 32`` blocks sharing its scale; the block sc
 float16 (exact for bf16/fp16 checkpoints' scales in float16's normal range, a 2^-11
 relative rounding for float32 ones). What does not fit (int8 with zero points, groups not
 a multiple of 32, scales outside float16's range) stays an :class:`IntWeight` and runs the
-SDK's reference.
+SDK's reference, as FP8 (float8 E4M3) codes do: the kernels have no FP8 format.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def native_form(weight: IntWeight) -> tuple[str, int, torch.Tensor, torch.Tensor
     kernels, or None (with the reason logged) when the weight has no native form."""
     n, k = weight.rows, weight.cols
     channel = weight.group_size == k
+    if weight.codes.dtype != torch.int8:
+        return _none(weight, f"{weight.codes.dtype} codes (the kernels have no FP8 format)")
     if k % 32 or (weight.group_size % 32 and not channel):
         return _none(weight, f"groups of {weight.group_size} columns (the kernels take multiples of 32)")
     if weight.bits == 8 and weight.zeros is None and channel:
