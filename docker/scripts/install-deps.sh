@@ -10,5 +10,8 @@ if [ -n "$wheel" ]; then
 else
     docker/scripts/with-ca.sh pip install -q "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-docker/scripts/with-ca.sh pip install -q $(python3 docker/scripts/deps.py "$@")
+# a requirements file, not words: a requirement with an environment marker has spaces
+python3 docker/scripts/deps.py "$@" > /tmp/requirements.txt
+docker/scripts/with-ca.sh pip install -q -r /tmp/requirements.txt
+rm /tmp/requirements.txt
 docker/scripts/slim-torch.sh
