@@ -215,6 +215,15 @@ class MultiprocExecutor(RemoteExecutor):
             if 0 < self.beats[rank].value < now - HANG_TIMEOUT_S:
                 raise WorkerFailed(rank, f"process {proc.pid} hung: no heartbeat for {HANG_TIMEOUT_S:.0f} s")
 
+    def _blame_dead_peer(self, grace_s: float = 2.0) -> None:
+        """Raise for a rank that died, when one did within ``grace_s``.
+
+        A rank whose peer died fails inside a collective ("connection reset by peer") at
+        about the moment the peer's process ends: the dead rank is the cause to report.
+        """
+        wait([p.sentinel for p in self.procs], timeout=grace_s)
+        self._check_alive()
+
     def _gather(self, ranks: range, timeout: float | None) -> list[Any]:
         """Every rank's answer, watching all of them for death and silence while waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -230,6 +239,7 @@ class MultiprocExecutor(RemoteExecutor):
                     except (EOFError, OSError):
                         raise WorkerFailed(rank, "its connection closed (process died)") from None
                     if status == "error":
+                        self._blame_dead_peer()
                         raise WorkerFailed(rank, payload)
                     results[rank] = payload
             self._check_alive()
