@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from plugin_cuda.memory import CudaMemoryProfiler, MemoryBreakdown
 from plugin_cuda.platform import CudaPlatform
-from plugin_cuda.runner import GRAPH_OVERHEAD_BYTES, CudaGraphRunner
+from plugin_cuda.runner import CAPTURE_STREAM_BYTES, GRAPH_OVERHEAD_BYTES, CudaGraphRunner
 from plugins.reference import engine_config as reference_engine_config
 
 GiB = 1 << 30
@@ -93,8 +93,11 @@ def test_kv_budget_is_utilization_minus_everything_else(setup) -> None:
     cfg = engine_config()
     peak = prof.measure_peak(lambda: cuda.run_forward(2 * GiB))
     graphs, why = plat.runner.graph_memory_reserve(cfg, peak)
-    # 11 sizes up to 64: the largest is 64/2048 of the profile's activations, + per-graph overhead
-    assert graphs == 2 * GiB * 64 // 2048 + 11 * GRAPH_OVERHEAD_BYTES and "11 graphs up to batch 64" in why
+    # 11 sizes up to 64: the largest is 64/2048 of the profile's activations, + per-graph and stream overhead
+    assert (
+        graphs == 2 * GiB * 64 // 2048 + 11 * GRAPH_OVERHEAD_BYTES + CAPTURE_STREAM_BYTES
+        and "11 graphs up to batch 64" in why
+    )
     budget, detail = prof.kv_cache_budget(cfg, peak)
     assert budget == int(80 * GiB * 0.9) - 16 * GiB - 1 * GiB - 2 * GiB - graphs
     assert "weights 16.00 GiB" in detail and "non-torch 1.00 GiB" in detail and "from gpu_memory_utilization" in detail
