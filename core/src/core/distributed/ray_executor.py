@@ -121,14 +121,16 @@ class RayExecutor(RemoteExecutor):
         """The results of one call per rank; a failed or silent actor raises :class:`WorkerFailed`."""
         ray = self._ray
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        failures = []  # an actor that died or raised answers with its error
+        dead, raised = [], []  # an actor that died or raised answers with its error
         for ref in ready:
             try:
                 ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
-                failures.append((not isinstance(exc, ray.exceptions.RayActorError), refs.index(ref), exc))
-        if failures:  # a dead actor first: its peers' failures inside a collective follow from it
-            _, rank, exc = min(failures, key=lambda f: f[:2])
+            except ray.exceptions.RayActorError as exc:
+                dead.append((refs.index(ref), exc))
+            except ray.exceptions.RayTaskError as exc:
+                raised.append((refs.index(ref), exc))
+        if dead or raised:  # a dead actor first: its peers' failures inside a collective follow from it
+            rank, exc = min(dead or raised, key=lambda f: f[0])
             raise WorkerFailed(rank, str(exc).splitlines()[0]) from None
         if pending:
             raise WorkerFailed(refs.index(pending[0]), f"no answer within {timeout:.0f} s (hung)")
