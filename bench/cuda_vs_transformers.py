@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from plugins.reference import TINY_MODEL
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -34,8 +36,8 @@ sys.path.insert(0, str(HERE))
 QWEN2_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
              "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1000000.0,
              "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151643}  # fmt: skip
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 1024,
+#: --tiny: the SDK's tiny decoder, tied, with a longer context
+TINY = {**TINY_MODEL, "vocab_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 1024,
         "initializer_range": 0.2}  # fmt: skip
 #: sizes of a full run and of --tiny: decode tokens, concurrency, prompt, generated, copy MiB, matmul sizes
 SIZES = {"full": (256, 64, 128, 256, 1024, (4096, 8192)), "tiny": (16, 4, 16, 16, 64, (256, 512))}

@@ -8,20 +8,11 @@ import transformers
 from core.loader import load_model
 from core.models.standalone import StandaloneRunner
 from plugins.kernels import Kernels
+from plugins.reference import TINY_MODEL
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-TINY = dict(
-    vocab_size=160,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    initializer_range=0.1,  # large enough that greedy choices are not near-ties
-    bos_token_id=1,
-    eos_token_id=2,
-)
+#: the SDK's tiny decoder, with weights large enough that greedy choices are not near-ties
+TINY = {**TINY_MODEL, "max_position_embeddings": 128, "initializer_range": 0.1, "bos_token_id": 1, "eos_token_id": 2}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,

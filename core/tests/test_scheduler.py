@@ -43,7 +43,7 @@ def make_sched(num_blocks=64, block_size=4, caching=True, **kw) -> Scheduler:
 
 
 def step(sched: Scheduler):
-    """One engine step: schedule, check the output, sample, update, stop at max_tokens (= params)."""
+    """One engine step: schedule, check the output, sample, update, stop at max_tokens (= params) or the cap."""
     out = sched.schedule()
     assert out.num_batched_tokens <= sched.max_num_batched_tokens
     assert sched.num_running <= sched.max_num_seqs
@@ -55,7 +55,7 @@ def step(sched: Scheduler):
         assert len(s.seq.block_table) * bs >= s.start_pos + s.num_new_tokens
     sampled = {s.seq.seq_id: next_token(s.seq.token_ids) for s in out.scheduled if s.needs_sample}
     for seq in sched.update(out, sampled):
-        if not seq.is_finished and seq.num_output_tokens >= seq.params:
+        if seq.num_output_tokens >= seq.params or sched.is_capped(seq):
             sched.finish(seq, SequenceStatus.FINISHED_LENGTH)
     return out
 

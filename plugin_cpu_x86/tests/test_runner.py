@@ -16,6 +16,7 @@ from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.attention import AttentionMetadata
 from plugins.cpu_native.runner import FusedDecoder, NativeCpuRunner, NotFusable
 from plugins.kv_cache import new_kv_scale
+from plugins.reference import tiny_model_config
 from plugins.runner import ModelInputs
 
 core_loader = pytest.importorskip("core.loader.loader", reason="the fused decoder runs core's models")
@@ -29,10 +30,7 @@ BLOCK = 4
 def model_dir(request, tmp_path_factory):
     config_cls, model_cls = ARCHS[request.param]
     torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
+    config = tiny_model_config(config_cls, vocab_size=128)
     path = tmp_path_factory.mktemp(request.param)
     model_cls(config).save_pretrained(path)
     return path

@@ -39,7 +39,7 @@ def test_availability_is_derived_from_unavailable_reason():
         def unavailable_reason(self):
             return "no such device here"
 
-    class OldStyle(plugins.Platform):  # overrides only is_available(), as DESIGN.md's minimal example
+    class OldStyle(plugins.Platform):  # overrides only is_available(), as plugins written before API 2 did
         name = "old"
         device_type = "cpu"
 

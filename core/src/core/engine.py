@@ -181,13 +181,18 @@ class LLMEngine:
             state, c = self._by_seq[seq_id]
             state.record_prompt_logprobs(c, first_pos, rows)
         for row, (state, c) in enumerate(entries):
-            if c.seq.is_finished and c.seq.finish_reason != "length":
-                continue  # got no token (ended before the update); a length cap still records its last one
+            if c.seq.is_finished:
+                continue  # aborted after it was scheduled: it got no token
             status = state.record_token(
-                c, token_ids[c.seq.seq_id], sampled.logprobs[row], sampled.ranks[row], sampled.top_logprobs[row]
+                c,
+                token_ids[c.seq.seq_id],
+                sampled.logprobs[row],
+                sampled.ranks[row],
+                sampled.top_logprobs[row],
+                capped=self.scheduler.is_capped(c.seq),
             )
             if status is not None:
-                self.scheduler.finish(c.seq, status)  # keeps a length cap the scheduler set first
+                self.scheduler.finish(c.seq, status)
         return self._outputs({state.request_id: state for state, _ in entries})
 
     def _mark_scheduled(self, scheduled: list[ScheduledSeq]) -> None:

@@ -69,8 +69,15 @@ class RequestState:
         logprob: float | None,
         rank: int | None,
         top: list[tuple[int, float]] | None,
+        *,
+        capped: bool,
     ) -> SequenceStatus | None:
-        """Account for a token just appended to ``completion.seq``; return a finish status, if any."""
+        """Account for a token just appended to ``completion.seq``; return a finish status, if any.
+
+        The one place a sequence's end is decided, in vLLM's order: a stop token or stop
+        string, then length (``max_tokens``, or ``capped``: the scheduler's max_model_len or
+        whole-cache limit).
+        """
         params, seq = self.params, completion.seq
         if logprob is not None:  # only rows that asked for logprobs carry them
             completion.cumulative_logprob += logprob
@@ -95,7 +102,7 @@ class RequestState:
         if is_stop_token:
             completion.stop_reason = token_id if token_id in (params.stop_token_ids or []) else None
             return SequenceStatus.FINISHED_STOPPED
-        if seq.num_output_tokens >= params.max_tokens:
+        if capped or seq.num_output_tokens >= params.max_tokens:
             return SequenceStatus.FINISHED_LENGTH
         return None
 

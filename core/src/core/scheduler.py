@@ -163,10 +163,9 @@ class Scheduler:
 
         :param sampled: seq_id -> token for every scheduled sequence with
             ``needs_sample``; entries for other sequences are ignored.
-        :returns: the sequences that received a token. Those that reached
-            ``max_model_len`` tokens, or that would need more than the whole cache to go on, are
-            finished here
-            (``FINISHED_LENGTH``, blocks freed).
+        :returns: the sequences that received a token. Nothing is finished here: the engine
+            decides (:meth:`core.request_state.RequestState.record_token`), asking
+            :meth:`is_capped` for the limits only the scheduler knows.
         """
         advanced: list[Sequence] = []
         for item in output.scheduled:
@@ -180,8 +179,6 @@ class Scheduler:
                 seq.append_token(sampled[seq.seq_id])
                 advanced.append(seq)
             self.block_manager.cache_blocks(seq)
-            if item.needs_sample and self._is_capped(seq):
-                self.finish(seq, SequenceStatus.FINISHED_LENGTH)
         return advanced
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
@@ -204,6 +201,10 @@ class Scheduler:
         for seq in seqs:
             self.finish(seq, SequenceStatus.FINISHED_ABORTED)
         return seqs
+
+    def is_capped(self, seq: Sequence) -> bool:
+        """True when ``seq`` may not grow: max_model_len reached, or its next step would need more than the cache."""
+        return seq.num_tokens >= self.max_model_len or not self.block_manager.can_ever_fit(seq.num_tokens)
 
     # ---- internals ------------------------------------------------------------------
 
@@ -251,10 +252,6 @@ class Scheduler:
             bisect.insort(self._running, seq, key=_order)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
-
-    def _is_capped(self, seq: Sequence) -> bool:
-        """True when ``seq`` may not grow: max_model_len reached, or its next step would need more than the cache."""
-        return seq.num_tokens >= self.max_model_len or not self.block_manager.can_ever_fit(seq.num_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks and requeue it to recompute prompt + output later."""
