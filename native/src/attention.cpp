@@ -2,7 +2,8 @@
 // plugins/attention.py. One work item is (token, kv head): the `group` query heads
 // sharing that kv head are done together so each cached K/V row is loaded once.
 // Online softmax over chunks of keys; query i of a sequence sees keys
-// 0 .. seq_len - query_len + i (causal with offset). A one-byte cache (fp8.h) is
+// 0 .. seq_len - query_len + i (causal with offset), only the last `window` of them in a
+// sliding-window layer (window > 0). A one-byte cache (fp8.h) is
 // decoded a chunk of rows at a time into float rows, times the layer's K/V scale.
 #include "fp8.h"
 #include "simd.h"
@@ -55,8 +56,8 @@ template <typename T, typename C>
 static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                    const int32_t *starts, const int32_t *seq_lens, const int32_t *tables,
                    long table_stride, long tokens, long num_seqs, long hq, long hk, long d,
-                   long block_size, float scale, const float *lut, float k_scale,
-                   float v_scale, int nthreads) {
+                   long block_size, float scale, long window, const float *lut,
+                   float k_scale, float v_scale, int nthreads) {
   typedef typename RowOf<C>::type R;
   const long group = hq / hk;
   parallel_for(tokens * hk, 1, nthreads, tokens * hk > 1, [&](long lo, long hi) {
@@ -71,6 +72,7 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
       }
       const long q_len = starts[s + 1] - starts[s];
       const long n_keys = seq_len - q_len + (t - starts[s]) + 1;
+      const long first_key = window > 0 && n_keys > window ? n_keys - window : 0;
       const int32_t *table = tables + s * table_stride;
   
       float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
@@ -85,7 +87,7 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
         m[g] = -3.0e38f;
         l[g] = 0.0f;
       }
-      for (long j0 = 0; j0 < n_keys; j0 += kChunk) {
+      for (long j0 = first_key; j0 < n_keys; j0 += kChunk) {
         const long n = imin_(kChunk, n_keys - j0);
         const R *krow[kChunk], *vrow[kChunk];
         cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, k_scale, v_scale,
@@ -189,13 +191,14 @@ long CK_FN(attention_max_group)(void) { return kMaxGroup; }
 // contiguous) over caches [num_blocks, block_size, hk, d] of cache_dtype (dtype, or a
 // one-byte code of fp8.h whose values are scaled by k_scale / v_scale); starts =
 // query_start_loc [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride]
-// (all int32).
+// (all int32); window > 0: a sliding-window layer's window (each query sees its last
+// `window` positions), 0: the whole context. Blocks before a query's window are not read.
 void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
                               const void *k_cache, const void *v_cache, float k_scale,
                               float v_scale, const int32_t *starts, const int32_t *seq_lens,
                               const int32_t *tables, long table_stride, long tokens,
                               long num_seqs, long hq, long hk, long d, long block_size,
-                              float scale, int nthreads) {
+                              float scale, long window, int nthreads) {
   if (is_fp8(cache_dtype)) {
     float lut[256];
     for (int b = 0; b < 256; ++b) lut[b] = fp8_to_f32((uint8_t)b, cache_dtype);
@@ -203,20 +206,20 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
     if (dtype == CK_F32)
       attend<float, uint8_t>((float *)out, (const float *)q, q_stride, kc, vc, starts, seq_lens,
                              tables, table_stride, tokens, num_seqs, hq, hk, d, block_size,
-                             scale, lut, k_scale, v_scale, nthreads);
+                             scale, window, lut, k_scale, v_scale, nthreads);
     else
       attend<bf16_t, uint8_t>((bf16_t *)out, (const bf16_t *)q, q_stride, kc, vc, starts,
                               seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d,
-                              block_size, scale, lut, k_scale, v_scale, nthreads);
+                              block_size, scale, window, lut, k_scale, v_scale, nthreads);
   } else if (dtype == CK_F32) {
     attend<float, float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
                          (const float *)v_cache, starts, seq_lens, tables, table_stride,
-                         tokens, num_seqs, hq, hk, d, block_size, scale, NULL, 1.0f, 1.0f,
+                         tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, 1.0f, 1.0f,
                          nthreads);
   } else {
     attend<bf16_t, bf16_t>((bf16_t *)out, (const bf16_t *)q, q_stride, (const bf16_t *)k_cache,
                            (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride,
-                           tokens, num_seqs, hq, hk, d, block_size, scale, NULL, 1.0f, 1.0f,
+                           tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, 1.0f, 1.0f,
                            nthreads);
   }
 }

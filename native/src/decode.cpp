@@ -106,7 +106,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
     }
     CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,
                              s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
-                             m->heads, m->kv_heads, d, m->block_size, m->scale, nt);
+                             m->heads, m->kv_heads, d, m->block_size, m->scale, 0, nt);
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);

@@ -26,7 +26,7 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
                               float v_scale, const int32_t *starts, const int32_t *seq_lens,
                               const int32_t *tables, long table_stride, long tokens,
                               long num_seqs, long hq, long hk, long d, long block_size,
-                              float scale, int nthreads);
+                              float scale, long window, int nthreads);
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads);

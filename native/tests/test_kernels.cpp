@@ -29,7 +29,7 @@ typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, 
                         long, long, long);
 typedef void (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
                           float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
-                          long, long, long, long, float, int);
+                          long, long, long, long, float, long, int);
 typedef long (*WriteKvFp8)(int, int, const void *, long, const void *, long, void *, void *,
                            const int64_t *, long, long, long, float, float);
 enum { FP8_E4M3 = 2, FP8_E5M2 = 3 };  // cache dtype codes of native/src/fp8.h
@@ -214,7 +214,7 @@ void test_rotary_silu(Suite &s) {
 // with write_kv_cache through shuffled block tables, then attended. A one-byte cache
 // (cache = FP8_*) is written with scales and checked against the unrounded values within
 // the format's rounding (the Python tests compare its bytes with torch's exactly).
-void test_attention(Suite &s, long d, int dtype, int cache = -1) {
+void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0) {
   const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
   if (!fp8) cache = dtype;
   const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
@@ -258,29 +258,31 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1) {
     const int sq = t < 5 ? 0 : 1;
     const long q_len = starts[sq + 1] - starts[sq], base = sq == 0 ? 0 : lens[0];
     const long n_keys = lens[sq] - q_len + (t - starts[sq]) + 1;
+    const long first = window > 0 && n_keys > window ? n_keys - window : 0;  // keys before it: hidden
     for (long h = 0; h < hq; ++h) {
       const long kvh = h / group;
-      std::vector<double> p(n_keys);
+      std::vector<double> p(n_keys, 0.0);
       double mx = -1e300, sum = 0.0;
-      for (long j = 0; j < n_keys; ++j) {
+      for (long j = first; j < n_keys; ++j) {
         double dot = 0.0;
         for (long i = 0; i < d; ++i) dot += (double)q[(t * hq + h) * d + i] * kv[0][(base + j) * row + kvh * d + i];
         p[j] = dot * scale;
         mx = p[j] > mx ? p[j] : mx;
       }
-      for (long j = 0; j < n_keys; ++j) sum += p[j] = exp(p[j] - mx);
+      for (long j = first; j < n_keys; ++j) sum += p[j] = exp(p[j] - mx);
       for (long i = 0; i < d; ++i) {
         double acc = 0.0;
-        for (long j = 0; j < n_keys; ++j) acc += p[j] * kv[1][(base + j) * row + kvh * d + i];
+        for (long j = first; j < n_keys; ++j) acc += p[j] * kv[1][(base + j) * row + kvh * d + i];
         ref[(t * hq + h) * d + i] = acc / sum;
       }
     }
   }
   std::vector<uint8_t> out(tokens * hq * d * es);
   s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
-                                     v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, 2);
+                                     v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, window, 2);
   const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
-                           (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache" : "");
+                           (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache" : "") +
+                           (window ? " window " + std::to_string(window) : "");
   if (fp8) s.check(name, (const float *)out.data(), ref, cache == FP8_E4M3 ? 0.15 : 0.3, 0.1);
   else if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
   else s.check(name, (const uint16_t *)out.data(), ref, 1e-2, 2e-3);
@@ -419,6 +421,8 @@ int main(int argc, char **argv) {
     for (long d : {64L, 40L}) test_attention(s, d, F32);
     test_attention(s, 64, BF16);
     for (int cache : {FP8_E4M3, FP8_E5M2}) test_attention(s, 64, F32, cache);
+    for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
+    test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8})

@@ -8,7 +8,6 @@ bound once at construction, on the tensors' data pointers.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
@@ -21,7 +20,6 @@ from plugins.kv_cache import calibrate
 #: the one-byte cache dtype codes of native/src/fp8.h (16/32-bit caches have the compute dtype's)
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
-logger = logging.getLogger(__name__)
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -62,7 +60,6 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         self.lib = NativeLib(table, isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
-        self._logged_window = False
 
     @property
     def isa(self) -> str:
@@ -192,11 +189,6 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         sliding_window: int | None = None,
         kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if sliding_window is not None:  # the native kernel attends to the whole context
-            if not self._logged_window:
-                logger.info("native CPU kernels: sliding-window attention layers run the torch reference kernel")
-                self._logged_window = True
-            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         dt = NATIVE_DTYPES.get(q.dtype)
         # a 16/32-bit cache has q's dtype; a one-byte one is read with its scales (1 for E5M2)
         cache_dt = FP8_CODES.get(k_cache.dtype, dt if k_cache.dtype == q.dtype else None)
@@ -212,11 +204,11 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
             or meta.query_start_loc.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32
             or not meta.query_start_loc.is_contiguous() or not meta.seq_lens.is_contiguous()
         ):  # fmt: skip
-            return super().paged_attention(q, k_cache, v_cache, meta, scale, kv_scale=kv_scale)
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         out = _empty(q, (tokens, hq, d))
         self.lib.paged_attention(
             dt, cache_dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_scale,
             v_scale, meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
-            tokens, len(meta.seq_lens_host), hq, hk, d, k_cache.shape[1], scale, self.num_threads,
+            tokens, len(meta.seq_lens_host), hq, hk, d, k_cache.shape[1], scale, sliding_window or 0, self.num_threads,
         )  # fmt: skip
         return out
