@@ -21,7 +21,6 @@ from plugins.kv_cache import calibrate
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
-
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
     """``(rows, columns, row stride)`` of ``x`` read as rows of its last dimension, or None
     if its layout is not expressible that way. Contiguous tensors (the decode step's case,
