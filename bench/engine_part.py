@@ -6,11 +6,12 @@ import time
 from typing import Any
 
 
-def make_llm(model: str | None, quantization: str | None, prefix_caching: bool = True):
+def make_llm(model: str | None, quantization: str | None, prefix_caching: bool = True, kv_cache_dtype: str = "auto"):
     """An offline engine on the CPU in float32.
 
     ``quantization``: None or ``"gguf"`` (GGUF blocks kept as they are), ``"int8"``, or
     ``"fp32"``: the same weights dequantized into a float32 checkpoint (see ``hf_baseline``).
+    ``kv_cache_dtype``: ``--kv-cache-dtype`` (``"fp8"``: one-byte E4M3 blocks).
     """
     from core import LLM
 
@@ -23,7 +24,7 @@ def make_llm(model: str | None, quantization: str | None, prefix_caching: bool =
     # offline nobody waits on a step: the big budget, as `core bench throughput` and llama-batched-bench (-b 2048)
     return LLM(
         model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching,
-        max_num_batched_tokens=2048,
+        max_num_batched_tokens=2048, kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
 
 

@@ -6,13 +6,16 @@ Makes the float32 Hugging Face folder of SmolLM2-135M from the packaged GGUF
 (``hf_baseline.float32_checkpoint``, without the ``quantization_config`` transformers copies
 from the GGUF), quantizes it with llm-compressor (round to nearest: W8A8 with dynamic
 per-token int8 activations, W4A16 in groups of 64 symmetric and with zero points; 128 does
-not divide the hidden size 576; FP8 W8A8 as its FP8_DYNAMIC and FP8 schemes, FP8's static
-input scales calibrated on :data:`CALIBRATION_TEXTS`) in a venv cached under
+not divide the hidden size 576; FP8 W8A8 as its FP8_DYNAMIC and FP8 schemes; AWQ: W4A16
+with zero points in groups of 64 after AWQ's activation-aware scale search; FP8's static
+input scales and AWQ calibrated on :data:`CALIBRATION_TEXTS`) in a venv cached under
 ``~/.cache/core-bench/llmc-venv``,
 then for each checkpoint checks greedy parity with transformers
 (``plugins.quant_testing.load_decompressed``: decompressed weights, W8A8's activations
 fake-quantized per token by compressed-tensors) on this engine's native CPU kernels and
-times batch-1 decode next to the engine on the GGUF file. Not for CI.
+times batch-1 decode next to the engine on the GGUF files (the default Q4_1 and a Q8_0 made
+by ``gguf_files.py``), llama.cpp (llama-cpp-python) on the same GGUF files, and the engine
+with an FP8 KV cache. Not for CI.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ SCHEMES = {
     "w4a16-asym-g64": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64},
     "fp8-dynamic": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
     "fp8-static": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor"},
+    "awq-w4a16-asym-g64": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64},
 }
+#: schemes made by llm-compressor's AWQModifier (the others: QuantizationModifier, round to nearest)
+AWQ = {"awq-w4a16-asym-g64"}
 ACTIVATIONS = {
     "w8a8": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
     "fp8-dynamic": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True},
@@ -56,7 +62,7 @@ QUANTIZE = """
 import json, sys
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
-source, out, groups, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+source, out, groups, texts, awq = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5] == "awq"
 calibration = {}
 if texts:
     from datasets import Dataset
@@ -64,7 +70,11 @@ if texts:
     tok = AutoTokenizer.from_pretrained(source)
     rows = {k: [tok(t)[k] for t in texts] for k in ("input_ids", "attention_mask")}
     calibration = {"dataset": Dataset.from_dict(rows), "num_calibration_samples": len(texts)}
-recipe = QuantizationModifier(config_groups=groups, ignore=["lm_head"])
+if awq:
+    from llmcompressor.modifiers.awq import AWQModifier
+    recipe = AWQModifier(config_groups=groups, ignore=["lm_head"])
+else:
+    recipe = QuantizationModifier(config_groups=groups, ignore=["lm_head"])
 oneshot(model=source, recipe=recipe, output_dir=out, **calibration)
 """
 
@@ -88,10 +98,10 @@ def quantized_checkpoint(name: str, source: Path, cache: Path) -> tuple[Path, fl
     group = {"targets": ["Linear"], "weights": SCHEMES[name]}
     if name in ACTIVATIONS:
         group["input_activations"] = ACTIVATIONS[name]
-    static = name in ACTIVATIONS and not ACTIVATIONS[name]["dynamic"]
+    calibrated = name in AWQ or (name in ACTIVATIONS and not ACTIVATIONS[name]["dynamic"])
     start = time.perf_counter()
     cmd = [str(llmc_python(cache)), "-c", QUANTIZE, str(source), str(out), json.dumps({"group_0": group})]
-    cmd.append(json.dumps(CALIBRATION_TEXTS if static else []))
+    cmd += [json.dumps(CALIBRATION_TEXTS if calibrated else []), "awq" if name in AWQ else "rtn"]
     subprocess.run(cmd, check=True)
     return out, time.perf_counter() - start
 
@@ -112,12 +122,53 @@ def parity(directory: Path, prompts: list[list[int]], num_steps: int) -> str:
         return f"**broken**: {broken}"
 
 
-def decode(model: str | None, prompt: list[int], n_gen: int) -> dict:
-    """Batch-1 decode tok/s of the engine on ``model`` (None: the default GGUF), and its weight bytes."""
+def engine_parity(llm, reference_logits, prompts: list[list[int]], num_steps: int) -> str:
+    """:func:`core.bench.parity.greedy_parity`'s rule for a whole engine (its KV cache included):
+    greedy tokens with top-5 logprobs, checked step by step against ``reference_logits``."""
+    from core.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=num_steps, ignore_eos=True, logprobs=5)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    differences = []
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        ours = out.outputs[0]
+        for step, mine in enumerate(ours.token_ids):
+            reference = reference_logits(prompt + ours.token_ids[:step]).float()
+            theirs = int(reference.argmax())
+            if theirs != mine:
+                top_theirs = reference.topk(5).indices.tolist()
+                if mine not in top_theirs or theirs not in ours.logprobs[step]:
+                    return f"**broken**: prompt {i} step {step}: ours {mine}, reference {theirs}"
+                differences.append(f"prompt {i} at step {step}")
+                break
+    text = f"{len(prompts) - len(differences)}/{len(prompts)} equal"
+    return text + (f" (first difference: {', '.join(differences)}, within top 5)" if differences else "")
+
+
+def decode(model: str | None, prompt: list[int], n_gen: int, kv_cache_dtype: str = "auto", parity=None) -> dict:
+    """Batch-1 decode tok/s of the engine on ``model`` (None: the default GGUF), its weight bytes
+    and KV capacity; with ``parity = (reference_logits, prompts, steps)`` also :func:`engine_parity`."""
     from engine_part import decode_tok_s, make_llm
 
-    llm = make_llm(model, None, prefix_caching=False)
-    return {"decode_tok_s": decode_tok_s(llm, prompt, n_gen), "weights_mb": llm.engine.loaded.weights_bytes / 1e6}
+    llm = make_llm(model, None, prefix_caching=False, kv_cache_dtype=kv_cache_dtype)
+    bm = llm.engine.block_manager
+    row = {
+        "decode_tok_s": decode_tok_s(llm, prompt, n_gen),
+        "weights_mb": llm.engine.loaded.weights_bytes / 1e6,
+        "kv_tokens": bm.num_total_blocks * bm.block_size,
+    }
+    if parity is not None:
+        row["parity"] = engine_parity(llm, *parity)
+    return row
+
+
+def llamacpp_decode(model: Path, n_gen: int) -> dict:
+    """Batch-1 decode tok/s of llama.cpp (llama-cpp-python, 2 threads) on a GGUF file, and its size."""
+    import llamacpp
+
+    cpp = llamacpp.ensure_llamacpp()
+    rate = llamacpp.python_decode(cpp["python"], cpp["lib"], str(model), 2, n_gen)
+    return {"decode_tok_s": rate, "weights_mb": model.stat().st_size / 1e6, "kv_tokens": None}
 
 
 def render(rows: list[dict], command: str, load: tuple[float, float]) -> str:
@@ -126,13 +177,16 @@ def render(rows: list[dict], command: str, load: tuple[float, float]) -> str:
         f"cpu_x86 kernels; **machine loaded** (load average {load[0]:.1f} at the start, {load[1]:.1f} at the end "
         "on 2 CPUs shared with other jobs): read the rates as rough, the ratios to one digit.",
         "",
-        "| checkpoint | weights MB | decode tok/s (batch 1) | greedy parity vs transformers | quantize s |",
-        "|---|---|---|---|---|",
+        "| checkpoint | weights MB | decode tok/s (batch 1) | KV cache tokens | greedy parity vs transformers "
+        "| quantize s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         made = f"{r['quantize_s']:.0f}" if r.get("quantize_s") else "cached" if "quantize_s" in r else "-"
+        kv = "-" if r.get("kv_tokens") is None else f"{r['kv_tokens']:,}"
         lines.append(
-            f"| {r['name']} | {r['weights_mb']:.0f} | {r['decode_tok_s']:.1f} | {r.get('parity', '-')} | {made} |"
+            f"| {r['name']} | {r['weights_mb']:.0f} | {r['decode_tok_s']:.1f} | {kv} | {r.get('parity', '-')} "
+            f"| {made} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -146,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(HERE / "RESULTS.md"))
     a = p.parse_args(argv)
     import hf_baseline
+    import torch
+    from core.bench.parity import hf_next_logits
     from core.loader.source import default_model_path
     from llamacpp import cache_dir
 
@@ -157,8 +213,24 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(source)
     texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
     prompts = [tok(t)["input_ids"] for t in texts]
-    rows = [{"name": "GGUF Q4_1 (default file, blocks kept)", **decode(None, prompts[0], a.decode_tokens)}]
-    rows.append({"name": "float32 (the GGUF dequantized)", **decode(str(source), prompts[0], a.decode_tokens)})
+    from gguf_files import ensure_gguf_files
+    from transformers import AutoModelForCausalLM
+
+    ggufs = ensure_gguf_files(("Q8_0",))
+    float_logits = hf_next_logits(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval())
+    rows = [
+        {"name": "GGUF Q4_1 (default file, blocks kept)", **decode(None, prompts[0], a.decode_tokens)},
+        {
+            "name": "GGUF Q4_1, `--kv-cache-dtype fp8` (E4M3 KV blocks)",
+            **decode(None, prompts[0], a.decode_tokens, "fp8", (float_logits, prompts, a.parity_tokens)),
+        },
+        {"name": "GGUF Q8_0 (made by bench/gguf_files.py)", **decode(str(ggufs["Q8_0"]), prompts[0], a.decode_tokens)},
+        {"name": "llama.cpp, GGUF Q4_1", **llamacpp_decode(ggufs["Q4_1"], a.decode_tokens)},
+        {"name": "llama.cpp, GGUF Q8_0", **llamacpp_decode(ggufs["Q8_0"], a.decode_tokens)},
+        {"name": "float32 (the GGUF dequantized)", **decode(str(source), prompts[0], a.decode_tokens)},
+    ]
+    for row in rows:
+        print(row, flush=True)
     for name in a.schemes.split(","):
         directory, seconds = quantized_checkpoint(name, source, cache)
         row = {"name": f"compressed-tensors {name}", "quantize_s": seconds}

@@ -1,5 +1,5 @@
 // Weight formats of the quantized linear kernels (quant.cpp, matvec.cpp): GGUF
-// blocks of 32 values (Q8_0, Q4_0, Q4_1) or int8 rows with per-row float32 scales, each
+// blocks of 32 values (Q8_0, Q4_0, Q4_1; Q5_0, Q5_1 with float activations only) or int8 rows with per-row float32 scales, each
 // either row by row as stored (float32 activations) or repacked in groups of 8 rows
 // ("x8", quant.cpp: int8 activations).
 #pragma once
@@ -11,8 +11,11 @@
 // CK_Q4_K, CK_Q5_K, CK_Q6_K: GGUF K-quant super-blocks of 256 values, read 32 at a time
 // (matvec.cpp only: float activations)
 enum { CK_Q8_0 = 0, CK_Q4_0 = 1, CK_Q4_1 = 2, CK_INT8 = 3, CK_F32W = 4, CK_Q4_K = 5, CK_Q5_K = 6, CK_Q6_K = 7 };
-// the same formats repacked (x8 code = row code + CK_X8)
+// the first four formats repacked (x8 code = row code + CK_X8)
 enum { CK_X8 = 8, CK_Q8_0X8 = 8, CK_Q4_0X8 = 9, CK_Q4_1X8 = 10, CK_INT8X8 = 11 };
+// CK_Q5_0, CK_Q5_1: 5-bit GGUF blocks of 32 (what llama.cpp's K-quant mixes use for rows
+// whose length is not a multiple of 256, e.g. Gemma 3 270M's 640); matvec.cpp only
+enum { CK_Q5_0 = 12, CK_Q5_1 = 13 };
 // added to an x8 code: round activations to int8 per row instead of per block of 32
 enum { CK_PER_TOKEN = 64 };
 
@@ -20,12 +23,14 @@ namespace CK_NS {
 
 static const int kBlock = 32;
 
-static inline bool is_x8(int qt) { return qt >= CK_X8; }
+static inline bool is_x8(int qt) { return qt >= CK_X8 && qt <= CK_INT8X8; }
+static inline bool is_q5(int qt) { return qt == CK_Q5_0 || qt == CK_Q5_1; }
 
 // bytes of one row's block of 32 (the same in the x8 layout: 8 rows' blocks side by side)
 static inline long block_bytes(int qt) {
   qt = is_x8(qt) ? qt - CK_X8 : qt;
-  return qt == CK_Q8_0 ? 34 : qt == CK_Q4_0 ? 18 : qt == CK_Q4_1 ? 20 : qt == CK_F32W ? 128 : 32;
+  return qt == CK_Q8_0 ? 34 : qt == CK_Q4_0 ? 18 : qt == CK_Q4_1 ? 20 : qt == CK_Q5_0 ? 22
+       : qt == CK_Q5_1 ? 24 : qt == CK_F32W ? 128 : 32;
 }
 static const int kSuper = 256;  // values of a K-quant super-block
 static inline bool is_k(int qt) { return qt == CK_Q4_K || qt == CK_Q5_K || qt == CK_Q6_K; }
@@ -72,6 +77,27 @@ static inline void decode_k(const uint8_t *row, long b, float *w) {
     w[l] = d * (float)q - m;
   }
 }
+// Block b of a Q5_0 / Q5_1 row, as the GGUF reference dequantizes it: f16 d (and m),
+// 32 high bits (little-endian, as the file holds them), 16 bytes of low nibbles; value i
+// (0..15 low nibbles, 16..31 high ones) is q = low | high << 4, Q5_0 d * (q - 16), Q5_1 d * q + m.
+template <int QT>
+static inline void decode_q5(const uint8_t *row, long b, float *w) {
+  const uint8_t *p = row + b * block_bytes(QT);
+  const float d = read_half(p), m = QT == CK_Q5_1 ? read_half(p + 2) : -16.0f * d;
+  const uint8_t *qh = p + (QT == CK_Q5_1 ? 4 : 2), *qs = qh + 4;
+  const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+  for (int i = 0; i < 16; ++i) {
+    const int lo = (qs[i] & 0x0f) | (int)((h >> i) & 1) << 4, hi = (qs[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+    if (QT == CK_Q5_0) {
+      w[i] = d * (float)(lo - 16);
+      w[i + 16] = d * (float)(hi - 16);
+    } else {
+      w[i] = d * (float)lo + m;
+      w[i + 16] = d * (float)hi + m;
+    }
+  }
+}
+
 static inline float load_any(const void *p, int dt, long i) {
   return dt == CK_F32 ? ((const float *)p)[i] : to_f32(((const bf16_t *)p)[i]);
 }

@@ -1,8 +1,8 @@
 // Quantized linear with float32 activations, any batch: y[T, N] = x[T, K] @ W[N, K]^T + b.
 // Each weight block of 32 values is dequantized exactly as the GGUF reference does it
-// (Q8_0: d * q, Q4_0: d * (q - 8), Q4_1: d * q + m) and multiplied into the float32
-// activations with FMAs, so the result is the float32 product with the dequantized
-// weights up to float32 rounding. A few rows (decode): blocks dequantized in registers
+// (Q8_0: d * q, Q4_0: d * (q - 8), Q4_1: d * q + m; Q5_0, Q5_1 and the K-quants in
+// blocks.h) and multiplied into the float32 activations with FMAs, so the result is the
+// float32 product with the dequantized weights up to float32 rounding. A few rows (decode): blocks dequantized in registers
 // and streamed once (row_dot); from kPanelMin rows: dequantized panels and a register-
 // tiled micro-kernel (gemm_panel), as fast here as torch's GEMM on the float32 weights.
 #include <stdlib.h>
@@ -19,9 +19,10 @@ static const long kXRows = 64;  // activation rows a thread runs its weight rows
 // block b of a weight row, dequantized as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
 template <int QT>
 static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
-  if (is_k(QT)) {
+  if (is_k(QT) || is_q5(QT)) {
     alignas(32) float f[kBlock];
-    decode_k<QT>(row, b, f);
+    if (is_k(QT)) decode_k<QT>(row, b, f);
+    else decode_q5<QT>(row, b, f);
     for (int j = 0; j < 4; ++j) w[j] = v8_load(f + 8 * j);
     return;
   }
@@ -149,6 +150,10 @@ template <int QT>
 static inline void decode_block(const uint8_t *row, long b, float *w) {
   if (is_k(QT)) {
     decode_k<QT>(row, b, w);
+    return;
+  }
+  if (is_q5(QT)) {
+    decode_q5<QT>(row, b, w);
     return;
   }
   const uint8_t *p = row + b * block_bytes(QT);
@@ -345,6 +350,8 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
     case CK_Q4_K: return matmul_float_act<CK_Q4_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q5_K: return matmul_float_act<CK_Q5_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q6_K: return matmul_float_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_0: return matmul_float_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_1: return matmul_float_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }

@@ -17,8 +17,8 @@
 namespace {
 
 enum { F32 = 0, BF16 = 1 };
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8 };
-const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32"};
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8, Q5_0 = 12, Q5_1 = 13 };
+const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32", "", "", "", "", "", "", "", "q5_0", "q5_1"};
 
 typedef void (*RmsNorm)(int, int, void *, void *, const void *, long, const void *, long,
                         const void *, long, long, float, int);
@@ -301,7 +301,8 @@ struct Weights {
 Weights make_weights(int qt, long n, long k) {
   Weights w;
   const long nb = k / 32;
-  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == F32W ? 128 : 32;
+  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == Q5_0 ? 22 : qt == Q5_1 ? 24
+                : qt == F32W ? 128 : 32;
   w.bytes.resize(n * nb * bb);
   w.deq.resize(n * k);
   if (qt == INT8) w.scales = randn(n, 0.02f);
@@ -312,8 +313,8 @@ Weights make_weights(int qt, long n, long k) {
       const float m_sign = next_u32() & 1 ? 1.0f : -1.0f;  // |m| >= 0.01: a normal half
       const uint16_t dh = f32_to_half(uniform(0.005f, 0.05f)), mh = f32_to_half(m_sign * uniform(0.01f, 0.2f));
       const double d = half_to_f32(dh), m = half_to_f32(mh);
-      if (qt == Q8_0 || qt == Q4_0 || qt == Q4_1) memcpy(p, &dh, 2);
-      if (qt == Q4_1) memcpy(p + 2, &mh, 2);
+      if (qt != F32W && qt != INT8) memcpy(p, &dh, 2);
+      if (qt == Q4_1 || qt == Q5_1) memcpy(p + 2, &mh, 2);
       for (int i = 0; i < 32; ++i) {
         if (qt == F32W) {
           const float v = uniform(-1.0f, 1.0f);
@@ -323,6 +324,13 @@ Weights make_weights(int qt, long n, long k) {
           const int8_t v = (int8_t)(next_u32() % 255 - 127);
           p[(qt == Q8_0 ? 2 : 0) + i] = (uint8_t)v;
           o[i] = qt == Q8_0 ? d * v : (double)w.scales[j] * v;
+        } else if (qt == Q5_0 || qt == Q5_1) {  // the low nibble as Q4, the high bit in qh (little-endian)
+          const int v = (int)(next_u32() % 32);
+          uint8_t *qh = p + (qt == Q5_1 ? 4 : 2);
+          uint8_t &byte = qh[4 + i % 16];
+          byte = i < 16 ? (uint8_t)((byte & 0xf0) | (v & 15)) : (uint8_t)((byte & 0x0f) | ((v & 15) << 4));
+          qh[i / 8] = (uint8_t)((qh[i / 8] & ~(1 << (i % 8))) | ((v >> 4) << (i % 8)));
+          o[i] = qt == Q5_0 ? d * (v - 16) : d * v + m;
         } else {
           const int v = (int)(next_u32() % 16);
           uint8_t &byte = p[(qt == Q4_1 ? 4 : 2) + i % 16];
@@ -423,7 +431,7 @@ int main(int argc, char **argv) {
     for (int cache : {FP8_E4M3, FP8_E5M2}) test_attention(s, 64, F32, cache);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
-    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W})
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);

@@ -1,4 +1,4 @@
-"""Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) vs torch on the dequantized weights.
+"""Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) vs torch on the dequantized weights.
 
 Both native paths, the small-batch kernel (weights dequantized in registers, float32
 activations) and the large-batch one (dequantized tiles + GEMM), must match the
@@ -98,17 +98,19 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
     [(torch.float32, 1, 96, 512), (torch.float32, 5, 97, 256), (torch.float32, 9, 98, 768),
      (torch.float32, 130, 64, 512), (torch.bfloat16, 3, 96, 256), (torch.bfloat16, 14, 96, 256)],
 )  # fmt: skip
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
 @pytest.mark.parametrize("quantize_activations", [False, True])
 def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype, quantize_activations):
-    """K-quant blocks as stored, on float32 activations (row dots and panels; no int8-activation
-    kernel: with CPU_QUANT_ACTIVATIONS they stay as they are)."""
+    """K-quant and 5-bit blocks as stored, on float32 activations (row dots and panels; no
+    int8-activation kernel: with CPU_QUANT_ACTIVATIONS they stay as they are)."""
     kernels.quantize_activations = quantize_activations
     weight = random_gguf_weight(qtype, out_features, in_features, seed=tokens, scale=1e-3)
     prepared = kernels.prepare_linear(weight, "gguf")
     assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype and not prepared.interleaved
     w_deq = prepared.dequantize()
     assert torch.equal(w_deq, weight.dequantize())
+    kind = gguf.GGMLQuantizationType[qtype]
+    assert torch.equal(w_deq, torch.from_numpy(gguf.quants.dequantize(weight.data.numpy(), kind)).float())
     check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
 
 
@@ -219,7 +221,7 @@ def test_int8_activations_leave_odd_widths_unpacked(kernels, gen):
 
 def test_other_gguf_types_are_dequantized_at_load(kernels, gen):
     w = torch.randn(8, 64, generator=gen).numpy()
-    prepared = kernels.prepare_linear(gguf_weight("Q5_0", w), "gguf")
+    prepared = kernels.prepare_linear(gguf_weight("MXFP4", w), "gguf")
     assert isinstance(prepared, torch.Tensor) and prepared.dtype == torch.float32
     x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
     out = kernels.linear(x, prepared)

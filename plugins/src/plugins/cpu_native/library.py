@@ -24,6 +24,9 @@ Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
 Q4_K, Q5_K, Q6_K = 5, 6, 7
 #: a format repacked in groups of 8 rows (native/src/quant.cpp, int8 activations): its code + X8
 X8 = 8
+#: GGUF 5-bit blocks of 32 (what K-quant mixes use where a row is not whole super-blocks):
+#: float32-activation kernels only, never repacked
+Q5_0, Q5_1 = 12, 13
 #: added to an x8 code at the call: activations rounded to int8 per row, not per block of 32
 PER_TOKEN = 64
 

@@ -1,4 +1,4 @@
-"""Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), and
+"""Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and
 quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`plugins.cpu_native.int_linear`).
 
 By default every batch size runs the native kernel on the weights as stored: it
@@ -7,9 +7,8 @@ multiplies them into the float32 activations, so the result is the float32 produ
 the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
 repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
 activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact);
-the K-quants have no x8 kernel and keep float32 activations then. Other GGUF types are
-dequantized once at load: Q5_0/Q5_1 with the SDK's torch reference
-(:mod:`plugins.gguf_quants`), the rest with ``gguf.quants.dequantize``.
+Q5_0, Q5_1 and the K-quants have no x8 kernel and keep float32 activations then. Other GGUF
+types are dequantized once at load with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ from plugins.cpu_native.library import (
     Q4_0,
     Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
@@ -40,7 +41,9 @@ from plugins.int_quant import INT_FORMATS, IntWeight
 from plugins.kernels import GGUFWeight
 
 #: GGUF types kept in their blocks, with their native format code
-NATIVE_GGUF = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+NATIVE_GGUF = {
+    "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K,
+}  # fmt: skip
 #: bytes of a row's block of 32 in the formats the int8-activation (x8) kernel takes
 _BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
 #: bytes of a row's block that are scales (float16 d, and m for Q4_1), before its values
@@ -126,7 +129,7 @@ class QuantizedWeight:
     @property
     def interleaved(self) -> bool:
         """Whether ``data`` is in the x8 layout (the int8-activation kernel's)."""
-        return self.code >= X8
+        return X8 <= self.code <= X8 + INT8
 
     def rows(self) -> torch.Tensor:
         """``data`` as stored, one row of blocks per output feature."""
@@ -164,7 +167,7 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
 
 
 def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
-    """Keep Q8_0/Q4_0/Q4_1 and K-quant blocks as they are; dequantize every other GGUF type to float32 (once, at load)."""
+    """Keep the blocks of :data:`NATIVE_GGUF`'s types as they are; dequantize every other GGUF type to float32 (once, at load)."""
     data = weight.data.reshape(weight.rows, -1).contiguous()
     code = NATIVE_GGUF.get(weight.qtype)
     if code is not None and weight.cols % FORMATS[weight.qtype][0] == 0:
@@ -175,8 +178,6 @@ def gguf_weight(weight: GGUFWeight) -> QuantizedWeight | torch.Tensor:
                 f"got {data.shape[1]}"
             )
         return QuantizedWeight(weight.qtype, code, data, None, weight.rows, weight.cols)
-    if weight.qtype in FORMATS:  # Q5_0/Q5_1: the SDK's torch dequantization
-        return weight.dequantize()
     import gguf
 
     try:
