@@ -50,6 +50,55 @@ static inline void k_scale_min(const uint8_t *sc, int s, float *scale, float *mi
   }
 }
 
+// Unsigned codes of 32 values built 8 bytes at a time in 64-bit words (SWAR): the masks
+// are the same in every byte and no shift carries a bit into another byte's kept bits, so
+// this is the same on either byte order.
+static const uint64_t kNibbles = 0x0f0f0f0f0f0f0f0fULL, kLowPairs = 0x0303030303030303ULL;
+static inline uint64_t load_u64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static inline void store_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+// kFifthBit[b]: 8 bytes, byte i = 16 if bit i of b is set (the 5th bit of a Q5 code)
+struct FifthBitTable {
+  uint64_t v[256];
+  FifthBitTable() {
+    for (int b = 0; b < 256; ++b) {
+      uint8_t bytes[8];
+      for (int i = 0; i < 8; ++i) bytes[i] = (uint8_t)(((b >> i) & 1) << 4);
+      memcpy(&v[b], bytes, 8);
+    }
+  }
+};
+static const FifthBitTable kFifthBit;
+
+// The codes q (0..31) of a Q5_0 / Q5_1 block: element i < 16 the low nibble of qs[i], i >= 16
+// the high nibble of qs[i - 16]; the 5th bit is bit i of the 32 (little-endian) bits qh.
+static inline void q5_codes(const uint8_t *qh, const uint8_t *qs, uint8_t *q) {
+  const uint64_t lo0 = load_u64(qs), lo1 = load_u64(qs + 8);
+  store_u64(q, (lo0 & kNibbles) | kFifthBit.v[qh[0]]);
+  store_u64(q + 8, (lo1 & kNibbles) | kFifthBit.v[qh[1]]);
+  store_u64(q + 16, ((lo0 >> 4) & kNibbles) | kFifthBit.v[qh[2]]);
+  store_u64(q + 24, ((lo1 >> 4) & kNibbles) | kFifthBit.v[qh[3]]);
+}
+
+// Sub-block s (0..7) of a Q6_K super-block p: the codes q (0..63) of its 32 values and the
+// two scales d * sc (values 0-15, 16-31); a value is scale * (q - 32).
+static inline void q6k_codes(const uint8_t *p, int s, uint8_t *q, float *scales) {
+  const int h = s / 4, g = s % 4;
+  const uint8_t *ql = p + 64 * h + (g & 1) * 32, *qh = p + 128 + 32 * h;
+  for (int j = 0; j < 32; j += 8) {
+    const uint64_t lo = g < 2 ? load_u64(ql + j) & kNibbles : (load_u64(ql + j) >> 4) & kNibbles;
+    store_u64(q + j, lo | ((load_u64(qh + j) >> (2 * g)) & kLowPairs) << 4);
+  }
+  const int8_t *sc = (const int8_t *)(p + 192) + 8 * h + 2 * g;
+  const float d = read_half(p + 208);
+  scales[0] = d * (float)sc[0];
+  scales[1] = d * (float)sc[1];
+}
+
 // Values 32 b .. 32 b + 31 of a K-quant row, as the GGUF reference dequantizes them:
 // Q4_K/Q5_K (d * scale) * q - dmin * min; Q6_K (d * scale) * (q - 32), a scale per 16.
 template <int QT>
@@ -57,14 +106,10 @@ static inline void decode_k(const uint8_t *row, long b, float *w) {
   const uint8_t *p = row + b / 8 * super_bytes(QT);
   const int s = (int)(b % 8);
   if (QT == CK_Q6_K) {
-    const int h = s / 4, g = s % 4;
-    const uint8_t *ql = p + 64 * h + (g & 1) * 32, *qh = p + 128 + 32 * h;
-    const int8_t *sc = (const int8_t *)(p + 192);
-    const float d = read_half(p + 208);
-    for (int l = 0; l < 32; ++l) {
-      const int lo = g < 2 ? ql[l] & 0x0f : ql[l] >> 4, hi = (qh[l] >> (2 * g)) & 3;
-      w[l] = d * (float)sc[8 * h + 2 * g + l / 16] * (float)((lo | (hi << 4)) - 32);
-    }
+    uint8_t q[32];
+    float scales[2];
+    q6k_codes(p, s, q, scales);
+    for (int l = 0; l < 32; ++l) w[l] = scales[l / 16] * (float)((int)q[l] - 32);
     return;
   }
   float scale, min;
@@ -77,25 +122,23 @@ static inline void decode_k(const uint8_t *row, long b, float *w) {
     w[l] = d * (float)q - m;
   }
 }
-// Block b of a Q5_0 / Q5_1 row, as the GGUF reference dequantizes it: f16 d (and m),
-// 32 high bits (little-endian, as the file holds them), 16 bytes of low nibbles; value i
-// (0..15 low nibbles, 16..31 high ones) is q = low | high << 4, Q5_0 d * (q - 16), Q5_1 d * q + m.
+// Block b of a Q5_0 / Q5_1 row, as the GGUF reference dequantizes it: f16 d (and m), 32
+// high bits, 16 bytes of low nibbles (q5_codes); Q5_0 d * (q - 16), Q5_1 d * q + m.
+// (d * q + m with m = -16 d for Q5_0 is the same float as d * (q - 16): both exact.)
+template <int QT>
+static inline void q5_block(const uint8_t *row, long b, uint8_t *q, float *d, float *m) {
+  const uint8_t *p = row + b * block_bytes(QT);
+  *d = read_half(p);
+  *m = QT == CK_Q5_1 ? read_half(p + 2) : -16.0f * *d;
+  const uint8_t *qh = p + (QT == CK_Q5_1 ? 4 : 2);
+  q5_codes(qh, qh + 4, q);
+}
 template <int QT>
 static inline void decode_q5(const uint8_t *row, long b, float *w) {
-  const uint8_t *p = row + b * block_bytes(QT);
-  const float d = read_half(p), m = QT == CK_Q5_1 ? read_half(p + 2) : -16.0f * d;
-  const uint8_t *qh = p + (QT == CK_Q5_1 ? 4 : 2), *qs = qh + 4;
-  const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (qs[i] & 0x0f) | (int)((h >> i) & 1) << 4, hi = (qs[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
-    if (QT == CK_Q5_0) {
-      w[i] = d * (float)(lo - 16);
-      w[i + 16] = d * (float)(hi - 16);
-    } else {
-      w[i] = d * (float)lo + m;
-      w[i + 16] = d * (float)hi + m;
-    }
-  }
+  uint8_t q[32];
+  float d, m;
+  q5_block<QT>(row, b, q, &d, &m);
+  for (int i = 0; i < 32; ++i) w[i] = d * (float)q[i] + m;
 }
 
 static inline float load_any(const void *p, int dt, long i) {

@@ -19,10 +19,27 @@ static const long kXRows = 64;  // activation rows a thread runs its weight rows
 // block b of a weight row, dequantized as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
 template <int QT>
 static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
-  if (is_k(QT) || is_q5(QT)) {
+  if (is_q5(QT)) {  // the codes in bytes, then d * q + m 8 at a time
+    uint8_t q[kBlock];
+    float d, m;
+    q5_block<QT>(row, b, q, &d, &m);
+    const v8 dv = v8_set1(d), mv = v8_set1(m);
+    for (int j = 0; j < 4; ++j) w[j] = v8_fma(dv, v8_from_i8(q + 8 * j), mv);
+    return;
+  }
+  if (QT == CK_Q6_K) {  // scale * q - 32 scale: the same float as scale * (q - 32)
+    uint8_t q[kBlock];
+    float scales[2];
+    q6k_codes(row + b / 8 * super_bytes(QT), (int)(b % 8), q, scales);
+    for (int j = 0; j < 4; ++j) {
+      const float sc = scales[j / 2];
+      w[j] = v8_fma(v8_set1(sc), v8_from_i8(q + 8 * j), v8_set1(-32.0f * sc));
+    }
+    return;
+  }
+  if (is_k(QT)) {
     alignas(32) float f[kBlock];
-    if (is_k(QT)) decode_k<QT>(row, b, f);
-    else decode_q5<QT>(row, b, f);
+    decode_k<QT>(row, b, f);
     for (int j = 0; j < 4; ++j) w[j] = v8_load(f + 8 * j);
     return;
   }
