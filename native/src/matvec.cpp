@@ -76,7 +76,7 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 }
 
 #if defined(__AVX512F__)
-// Q8_0, Q4_0, Q4_1 and int8 rows at 16 floats a vector (the v8 path above keeps the
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and int8 rows at 16 floats a vector (the v8 path above keeps the
 // K-quants and float32 rows): a block is two registers, dequantized to the same values as
 // decode_block, so only the summation order differs. A Q4 block looks its values up in
 // the block's table of 16 (vpermps reads the low 4 bits of each lane) instead of
@@ -88,7 +88,9 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-static constexpr bool has_row_dot16(int qt) { return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8; }
+static constexpr bool has_row_dot16(int qt) {
+  return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8 || qt == CK_Q5_0 || qt == CK_Q5_1;
+}
 
 template <int QT>
 __attribute__((always_inline)) static inline void decode_block16(const uint8_t *p, __m512 w[2]) {
@@ -100,9 +102,27 @@ __attribute__((always_inline)) static inline void decode_block16(const uint8_t *
     }
     return;
   }
-  // the 16 values d * (q - 8) (Q4_0) or d * q + m (Q4_1), rounded as the reference's
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 d = _mm512_set1_ps(read_half(p));
+  if (QT == CK_Q5_0 || QT == CK_Q5_1) {  // the 32 values of the codes in two tables, picked by 5-bit codes
+    const __m512 m = QT == CK_Q5_1 ? _mm512_set1_ps(read_half(p + 2)) : _mm512_mul_ps(d, _mm512_set1_ps(-16.0f));
+    const __m512 low = _mm512_fmadd_ps(d, iota, m);
+    const __m512 high = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+    const uint8_t *qh = p + (QT == CK_Q5_1 ? 4 : 2);
+    uint32_t h;
+    memcpy(&h, qh, 4);  // x86: little-endian, as stored
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i one = _mm512_set1_epi32(1), hv = _mm512_set1_epi32((int)h);
+    const __m512i fifth0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hv, lanes), one), 4);
+    const __m512i lanes16 = _mm512_add_epi32(lanes, _mm512_set1_epi32(16));
+    const __m512i fifth1 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hv, lanes16), one), 4);
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 4)));
+    const __m512i codes0 = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)), fifth0);
+    w[0] = _mm512_permutex2var_ps(low, codes0, high);
+    w[1] = _mm512_permutex2var_ps(low, _mm512_or_si512(_mm512_srli_epi32(v, 4), fifth1), high);
+    return;
+  }
+  // the 16 values d * (q - 8) (Q4_0) or d * q + m (Q4_1), rounded as the reference's
   const __m512 table = QT == CK_Q4_0 ? _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)))
                                      : _mm512_fmadd_ps(d, iota, _mm512_set1_ps(read_half(p + 2)));
   // byte i: value i in the low nibble, i + 16 in the high one
