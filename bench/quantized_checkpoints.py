@@ -8,8 +8,8 @@ from the GGUF), quantizes it with llm-compressor (round to nearest: W8A8 with dy
 per-token int8 activations, W4A16 in groups of 64 symmetric and with zero points; 128 does
 not divide the hidden size 576; FP8 W8A8 as its FP8_DYNAMIC and FP8 schemes; AWQ: W4A16
 with zero points in groups of 64 after AWQ's activation-aware scale search; FP8's static
-input scales and AWQ calibrated on :data:`CALIBRATION_TEXTS`) in a venv cached under
-``~/.cache/core-bench/llmc-venv``,
+input scales and AWQ calibrated on :data:`CALIBRATION_TEXTS`) in the venv of
+scripts/llm_compressor_venv.sh (scripts/llm_compressor_quantize.py),
 then for each checkpoint checks greedy parity with transformers
 (``plugins.quant_testing.load_decompressed``: decompressed weights, W8A8's activations
 fake-quantized per token by compressed-tensors) on this engine's native CPU kernels and
@@ -26,6 +26,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,39 +59,16 @@ CALIBRATION_TEXTS = [
     "Once upon a time, a small robot lived in a quiet village by the sea.",
     "Water boils at one hundred degrees Celsius at sea level.",
 ]
-QUANTIZE = """
-import json, sys
-from llmcompressor import oneshot
-from llmcompressor.modifiers.quantization import QuantizationModifier
-source, out, groups, texts, awq = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5] == "awq"
-calibration = {}
-if texts:
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(source)
-    rows = {k: [tok(t)[k] for t in texts] for k in ("input_ids", "attention_mask")}
-    calibration = {"dataset": Dataset.from_dict(rows), "num_calibration_samples": len(texts)}
-if awq:
-    from llmcompressor.modifiers.awq import AWQModifier
-    recipe = AWQModifier(config_groups=groups, ignore=["lm_head"])
-else:
-    recipe = QuantizationModifier(config_groups=groups, ignore=["lm_head"])
-oneshot(model=source, recipe=recipe, output_dir=out, **calibration)
-"""
+LLMC = HERE.parent / "scripts"  # the llm-compressor venv and the quantize job runner
 
 
-def llmc_python(cache: Path) -> Path:
-    """The cached venv's python with llm-compressor (created on first use: a few minutes)."""
-    venv = cache / "llmc-venv"
-    python = venv / "bin" / "python"
-    if not (venv / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "llmcompressor"], check=True)
-        (venv / ".ready").touch()
-    return python
+def llmc_python() -> Path:
+    """The python of the llm-compressor venv (scripts/llm_compressor_venv.sh, made on first use)."""
+    out = subprocess.run([str(LLMC / "llm_compressor_venv.sh")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
-def quantized_checkpoint(name: str, source: Path, cache: Path) -> tuple[Path, float]:
+def quantized_checkpoint(name: str, source: Path, cache: Path, calibration: list[list[int]]) -> tuple[Path, float]:
     """``(directory, seconds it took to make, 0 if cached)`` of the ``name`` checkpoint of ``source``."""
     out = cache / f"{source.name}-{name}"
     if (out / "config.json").exists():
@@ -99,10 +77,13 @@ def quantized_checkpoint(name: str, source: Path, cache: Path) -> tuple[Path, fl
     if name in ACTIVATIONS:
         group["input_activations"] = ACTIVATIONS[name]
     calibrated = name in AWQ or (name in ACTIVATIONS and not ACTIVATIONS[name]["dynamic"])
+    job = {"source": str(source), "out": str(out), "groups": {"group_0": group}}
+    job |= {"calibration": calibration if calibrated else None, "modifier": "awq" if name in AWQ else "rtn"}
     start = time.perf_counter()
-    cmd = [str(llmc_python(cache)), "-c", QUANTIZE, str(source), str(out), json.dumps({"group_0": group})]
-    cmd += [json.dumps(CALIBRATION_TEXTS if calibrated else []), "awq" if name in AWQ else "rtn"]
-    subprocess.run(cmd, check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as jobs:
+        json.dump([job], jobs)
+        jobs.flush()
+        subprocess.run([str(llmc_python()), str(LLMC / "llm_compressor_quantize.py"), jobs.name], check=True)
     return out, time.perf_counter() - start
 
 
@@ -232,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(row, flush=True)
     for name in a.schemes.split(","):
-        directory, seconds = quantized_checkpoint(name, source, cache)
+        directory, seconds = quantized_checkpoint(name, source, cache, [tok(t)["input_ids"] for t in CALIBRATION_TEXTS])
         row = {"name": f"compressed-tensors {name}", "quantize_s": seconds}
         row["parity"] = parity(directory, prompts, a.parity_tokens)
         row.update(decode(str(directory), prompts[0], a.decode_tokens))

@@ -39,6 +39,7 @@ from plugins.quant_testing import (  # noqa: E402
     load_decompressed,
     quantize_rtn,
     save_compressed,
+    save_word_tokenizer,
     scheme,
     to_awq,
     to_gptq,
@@ -60,17 +61,6 @@ PROMPTS = [[5, 17, 33, 9, 100, 41, 7], [3, 150, 22], [90, 12, 61, 22, 8, 77, 31,
 NUM_STEPS = 6
 
 
-def save_tokenizer(directory: Path, vocab_size: int) -> None:
-    """A word-level tokenizer over the tiny vocabulary (the loader reads one from the directory)."""
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w1", eos_token="w2", unk_token="w0")
-    fast.save_pretrained(directory)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """``(arch, scheme) -> directory`` of compressed-tensors checkpoints, built on first use."""
@@ -85,7 +75,7 @@ def checkpoints(tmp_path_factory):
             quant = scheme(*SCHEMES[name]) if name in SCHEMES else fp8_scheme(*FP8_SCHEMES[name])
             quantize_rtn(model, quant, calibration=CALIBRATION)
             save_compressed(model, directory)
-            save_tokenizer(directory, config.vocab_size)
+            save_word_tokenizer(directory, config.vocab_size)
             made[(arch, name)] = directory
         return made[(arch, name)]
 
@@ -107,7 +97,7 @@ def assert_greedy_parity(hf_model, loaded) -> None:
 
 
 #: every scheme on the native kernels; the SDK reference (slower, dequantizing per call) on two
-CASES = [("llama", n, "cpu_x86") for n in SCHEMES] + [("qwen2", n, "cpu_x86") for n in ("w8a8", "w4a16-asym")]
+CASES = [("llama", n, "cpu_x86") for n in SCHEMES] + [("qwen2", n, "cpu_x86") for n in ("w8a8", "w4a16", "w4a16-asym")]
 CASES += [("llama", "w8a8", "reference"), ("qwen2", "w4a16-asym", "reference")]
 
 

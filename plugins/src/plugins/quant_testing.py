@@ -115,6 +115,18 @@ def save_compressed(model: torch.nn.Module, directory: str | Path) -> None:
     compressor.update_config(str(directory))
 
 
+def save_word_tokenizer(directory: str | Path, vocab_size: int) -> None:
+    """A word-level tokenizer over a tiny model's vocabulary (``w0`` ... ``w{vocab_size - 1}``;
+    bos ``w1``, eos ``w2``) saved into ``directory``, for loaders and quantizers that want one."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="w1", eos_token="w2", unk_token="w0")
+    fast.save_pretrained(directory)
+
+
 def load_decompressed(directory: str | Path) -> torch.nn.Module:
     """transformers' model of a compressed-tensors checkpoint with its weights decompressed
     (``CompressedTensorsConfig(run_compressed=False)``), as the reference for parity.
