@@ -117,12 +117,18 @@ FP8_CASES = [("llama", n, k) for n in FP8_SCHEMES for k in KERNELS] + [("qwen2",
 
 @pytest.mark.parametrize("arch,name,kernels", FP8_CASES)
 def test_fp8_parity(checkpoints, arch, name, kernels):
-    """FP8 linears run the SDK reference on every kernels (cpu_x86's have no FP8 format)."""
+    """FP8 linears kept as stored: E4M3 bytes on cpu_x86's native kernel (activations rounded to
+    FP8 before it), the codes as they came on the SDK reference."""
     directory = checkpoints(arch, name)
     loaded = load_model(str(directory), kernels=KERNELS[kernels](), dtype=torch.float32, device=torch.device("cpu"))
     qkv = loaded.model.layers[0].self_attn.qkv_proj.weight
-    assert type(qkv).__name__ == "IntWeight" and qkv.codes.dtype == FP8  # kept as stored
-    assert qkv.activations == FP8_SCHEMES[name][1] and (qkv.input_scale is not None) == (name == "fp8-static")
+    if kernels == "cpu_x86":
+        assert type(qkv).__name__ == "QuantizedWeight" and qkv.fmt == "fp8_e4m3" and qkv.data.dtype == torch.uint8
+        activations = qkv.fp8_activations
+    else:
+        assert type(qkv).__name__ == "IntWeight" and qkv.codes.dtype == FP8
+        activations = qkv.activations
+    assert activations == FP8_SCHEMES[name][1] and (qkv.input_scale is not None) == (name == "fp8-static")
     hf = load_decompressed(directory)
     assert loaded.weights_bytes < sum(p.numel() for p in hf.parameters()) * 4 / 2
     assert_greedy_parity(hf, loaded)
@@ -239,7 +245,7 @@ def test_quantization_flag_must_match_the_checkpoint(checkpoints):
 def test_engine_on_cpu_x86(checkpoints, tmp_path, layout):
     """The whole engine on cpu_x86: W8A8 through its fused native decoder (per-token activations
     passed down), act-order GPTQ eagerly (the decoder does not gather inputs), FP8 eagerly (the
-    SDK reference)."""
+    activations' FP8 rounding runs before each native linear)."""
     from core import LLM, SamplingParams
 
     source = checkpoints("llama", "w4a16-asym" if layout == "gptq" else layout)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common.h"
+#include "fp8.h"
 
 // weight formats, shared with Python (plugins/src/plugins/cpu_native/library.py)
 // CK_F32W: plain float32 rows, read as blocks of 32 (matvec.cpp only: float activations)
@@ -16,6 +17,9 @@ enum { CK_X8 = 8, CK_Q8_0X8 = 8, CK_Q4_0X8 = 9, CK_Q4_1X8 = 10, CK_INT8X8 = 11 }
 // CK_Q5_0, CK_Q5_1: 5-bit GGUF blocks of 32 (what llama.cpp's K-quant mixes use for rows
 // whose length is not a multiple of 256, e.g. Gemma 3 270M's 640); matvec.cpp only
 enum { CK_Q5_0 = 12, CK_Q5_1 = 13 };
+// CK_E4M3W: float8 E4M3 codes (FP8 checkpoints), a float32 scale per row as CK_INT8;
+// matvec.cpp only (the caller rounds FP8 activations)
+enum { CK_E4M3W = 14 };
 // added to an x8 code: round activations to int8 per row instead of per block of 32
 enum { CK_PER_TOKEN = 64 };
 
@@ -122,6 +126,15 @@ static inline void decode_k(const uint8_t *row, long b, float *w) {
     w[l] = d * (float)q - m;
   }
 }
+// float8 E4M3 code -> float (fp8.h), a table of all 256
+struct E4M3Table {
+  float v[256];
+  E4M3Table() {
+    for (int b = 0; b < 256; ++b) v[b] = fp8_to_f32((uint8_t)b, CK_FP8_E4M3);
+  }
+};
+static const E4M3Table kE4M3;
+
 // Block b of a Q5_0 / Q5_1 row, as the GGUF reference dequantizes it: f16 d (and m), 32
 // high bits, 16 bytes of low nibbles (q5_codes); Q5_0 d * (q - 16), Q5_1 d * q + m.
 // (d * q + m with m = -16 d for Q5_0 is the same float as d * (q - 16): both exact.)

@@ -1,10 +1,11 @@
 // Quantized linear with float32 activations, any batch: y[T, N] = x[T, K] @ W[N, K]^T + b.
 // Each weight block of 32 values is dequantized exactly as the GGUF reference does it
-// (Q8_0: d * q, Q4_0: d * (q - 8), Q4_1: d * q + m; Q5_0, Q5_1 and the K-quants in
-// blocks.h) and multiplied into the float32 activations with FMAs, so the result is the
-// float32 product with the dequantized weights up to float32 rounding. A few rows (decode): blocks dequantized in registers
-// and streamed once (row_dot); from kPanelMin rows: dequantized panels and a register-
-// tiled micro-kernel (gemm_panel), as fast here as torch's GEMM on the float32 weights.
+// (Q8_0: d * q, Q4_0: d * (q - 8), Q4_1: d * q + m; Q5_0, Q5_1, the K-quants and E4M3
+// codes in blocks.h) and multiplied into the float32 activations with FMAs, so the result
+// is the float32 product with the dequantized weights up to float32 rounding. A few rows
+// (decode): blocks dequantized in registers and streamed once (row_dot); from kPanelMin
+// rows: dequantized panels and a register-tiled micro-kernel (gemm_panel), as fast here as
+// torch's GEMM on the float32 weights.
 #include <stdlib.h>
 
 #include "blocks.h"
@@ -25,6 +26,13 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
     q5_block<QT>(row, b, q, &d, &m);
     const v8 dv = v8_set1(d), mv = v8_set1(m);
     for (int j = 0; j < 4; ++j) w[j] = v8_fma(dv, v8_from_i8(q + 8 * j), mv);
+    return;
+  }
+  if (QT == CK_E4M3W) {
+    alignas(32) float f[kBlock];
+    const uint8_t *p = row + b * kBlock;
+    for (int i = 0; i < kBlock; ++i) f[i] = kE4M3.v[p[i]];
+    for (int j = 0; j < 4; ++j) w[j] = v8_load(f + 8 * j);
     return;
   }
   if (QT == CK_Q6_K) {  // scale * q - 32 scale: the same float as scale * (q - 32)
@@ -89,7 +97,8 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 static constexpr bool has_row_dot16(int qt) {
-  return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8 || qt == CK_Q5_0 || qt == CK_Q5_1;
+  return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8 || qt == CK_Q5_0 || qt == CK_Q5_1 ||
+         qt == CK_E4M3W;
 }
 
 template <int QT>
@@ -99,6 +108,21 @@ __attribute__((always_inline)) static inline void decode_block16(const uint8_t *
     for (int h = 0; h < 2; ++h) {
       w[h] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h))));
       if (QT == CK_Q8_0) w[h] = _mm512_mul_ps(_mm512_set1_ps(read_half(p)), w[h]);
+    }
+    return;
+  }
+  if (QT == CK_E4M3W) {  // fp8.h's values built in the lanes (code 0x7f, a NaN, reads 480 here)
+    const __m512i sign_bit = _mm512_set1_epi32(0x80), magnitude = _mm512_set1_epi32(0x7f);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+      const __m512i mag = _mm512_and_si512(v, magnitude);
+      // normal: exponent rebiased 7 -> 127, mantissa moved up; subnormal (exponent 0): man * 2^-9
+      const __m512i rebiased = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
+      const __m512 normal = _mm512_castsi512_ps(rebiased);
+      const __m512 small = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0.001953125f));
+      const __m512 f = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, small);
+      const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, sign_bit), 24);
+      w[h] = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
     }
     return;
   }
@@ -191,6 +215,10 @@ static inline void decode_block(const uint8_t *row, long b, float *w) {
   }
   if (is_q5(QT)) {
     decode_q5<QT>(row, b, w);
+    return;
+  }
+  if (QT == CK_E4M3W) {
+    for (int i = 0; i < kBlock; ++i) w[i] = kE4M3.v[row[b * kBlock + i]];
     return;
   }
   const uint8_t *p = row + b * block_bytes(QT);
@@ -389,6 +417,7 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
     case CK_Q6_K: return matmul_float_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q5_0: return matmul_float_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q5_1: return matmul_float_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_E4M3W: return matmul_float_act<CK_E4M3W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }

@@ -17,8 +17,8 @@
 namespace {
 
 enum { F32 = 0, BF16 = 1 };
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8, Q5_0 = 12, Q5_1 = 13 };
-const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32", "", "", "", "", "", "", "", "q5_0", "q5_1"};
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8, Q5_0 = 12, Q5_1 = 13, E4M3W = 14 };
+const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32", "", "", "", "", "", "", "", "q5_0", "q5_1", "e4m3"};
 
 typedef void (*RmsNorm)(int, int, void *, void *, const void *, long, const void *, long,
                         const void *, long, long, float, int);
@@ -61,6 +61,13 @@ uint16_t f32_to_bf16(float f) {  // round to nearest even (finite inputs)
   memcpy(&u, &f, 4);
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+// float8 E4M3 (bias 7, 3 mantissa bits; subnormals at exponent 0) from its definition
+double e4m3_value(uint8_t c) {
+  const int exp = (c >> 3) & 15, man = c & 7;
+  const double mag = exp == 0 ? ldexp(man / 8.0, -6) : ldexp(1.0 + man / 8.0, exp - 7);
+  return c & 0x80 ? -mag : mag;
+}
+
 float half_to_f32(uint16_t h) {  // normal numbers and zero (the scales tests make)
   if ((h & 0x7fffu) == 0) return h ? -0.0f : 0.0f;
   const uint32_t u = ((uint32_t)(h & 0x8000u) << 16) | ((((h >> 10) & 0x1fu) + 112u) << 23) | ((h & 0x3ffu) << 13);
@@ -305,7 +312,7 @@ Weights make_weights(int qt, long n, long k) {
                 : qt == F32W ? 128 : 32;
   w.bytes.resize(n * nb * bb);
   w.deq.resize(n * k);
-  if (qt == INT8) w.scales = randn(n, 0.02f);
+  if (qt == INT8 || qt == E4M3W) w.scales = randn(n, 0.02f);
   for (long j = 0; j < n; ++j)
     for (long b = 0; b < nb; ++b) {
       uint8_t *p = &w.bytes[(j * nb + b) * bb];
@@ -313,7 +320,7 @@ Weights make_weights(int qt, long n, long k) {
       const float m_sign = next_u32() & 1 ? 1.0f : -1.0f;  // |m| >= 0.01: a normal half
       const uint16_t dh = f32_to_half(uniform(0.005f, 0.05f)), mh = f32_to_half(m_sign * uniform(0.01f, 0.2f));
       const double d = half_to_f32(dh), m = half_to_f32(mh);
-      if (qt != F32W && qt != INT8) memcpy(p, &dh, 2);
+      if (qt != F32W && qt != INT8 && qt != E4M3W) memcpy(p, &dh, 2);
       if (qt == Q4_1 || qt == Q5_1) memcpy(p + 2, &mh, 2);
       for (int i = 0; i < 32; ++i) {
         if (qt == F32W) {
@@ -324,6 +331,11 @@ Weights make_weights(int qt, long n, long k) {
           const int8_t v = (int8_t)(next_u32() % 255 - 127);
           p[(qt == Q8_0 ? 2 : 0) + i] = (uint8_t)v;
           o[i] = qt == Q8_0 ? d * v : (double)w.scales[j] * v;
+        } else if (qt == E4M3W) {  // any code but the NaNs 0x7f / 0xff: normals, subnormals, zeros
+          uint8_t c = (uint8_t)(next_u32() & 0xff);
+          if ((c & 0x7f) == 0x7f) c ^= 0x01;
+          p[i] = c;
+          o[i] = (double)w.scales[j] * e4m3_value(c);
         } else if (qt == Q5_0 || qt == Q5_1) {  // the low nibble as Q4, the high bit in qh (little-endian)
           const int v = (int)(next_u32() % 32);
           uint8_t *qh = p + (qt == Q5_1 ? 4 : 2);
@@ -386,7 +398,7 @@ void test_linear(Suite &s, int qt, long rows, bool int8_act) {
   std::vector<float> scales = w.scales;
   if (int8_act && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
   std::vector<float> out(rows * n);
-  const int status = s.fn<Linear>("linear")(qt + (int8_act ? X8 : 0), wbytes.data(), qt == INT8 ? scales.data() : NULL,
+  const int status = s.fn<Linear>("linear")(qt + (int8_act ? X8 : 0), wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
   const std::string name = std::string("linear ") + kFormatNames[qt] + (int8_act ? " x8/int8-act" : "") +
                            " rows=" + std::to_string(rows);
@@ -431,7 +443,7 @@ int main(int argc, char **argv) {
     for (int cache : {FP8_E4M3, FP8_E5M2}) test_attention(s, 64, F32, cache);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
-    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1})
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);

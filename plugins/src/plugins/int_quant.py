@@ -99,13 +99,20 @@ class IntWeight:
 
     def reference_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ w.T + bias`` in float32 (activations rounded first for W8A8), in ``x``'s dtype."""
-        xf = x.float()
-        if self.activations == "int8_per_token":
-            xf = quantize_activations_per_token(xf)
-        elif self.activations is not None:
-            xf = quantize_activations_fp8(xf, self.input_scale)
+        xf = round_activations(x.float(), self.activations, self.input_scale)
         out = torch.nn.functional.linear(xf, self.dequantize(), None if bias is None else bias.float())
         return out.to(x.dtype)
+
+
+def round_activations(x: torch.Tensor, activations: str | None, input_scale: torch.Tensor | None) -> torch.Tensor:
+    """Float32 activations ``x`` rounded as a checkpoint's scheme says (:attr:`IntWeight.activations`:
+    int8 per token, FP8 per token or with the static ``input_scale``), returned dequantized; as
+    they are for weight-only schemes."""
+    if activations == "int8_per_token":
+        return quantize_activations_per_token(x)
+    if activations is not None:
+        return quantize_activations_fp8(x, input_scale)
+    return x
 
 
 def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ scales), int8 in groups -> ``Q8_0``, symmetric int4 -> ``Q4_0`` (``d * (u - 8)``
 code + 8), int4 with zero points -> ``Q4_1`` (``d * u + m``, ``m = -d * (zero + 8)``). A
 group of ``g`` columns becomes ``g / 32`` blocks sharing its scale; the block scales are
 float16 (exact for bf16/fp16 checkpoints' scales in float16's normal range, a 2^-11
-relative rounding for float32 ones). What does not fit (int8 with zero points, groups not
-a multiple of 32, scales outside float16's range) stays an :class:`IntWeight` and runs the
-SDK's reference, as FP8 (float8 E4M3) codes do: the kernels have no FP8 format.
+relative rounding for float32 ones). FP8 (float8 E4M3) codes with a scale per row keep their
+bytes (``E4M3W``, the row scales in float32). What does not fit (int8 with zero points, groups
+not a multiple of 32, scales outside float16's range) stays an :class:`IntWeight` and runs
+the SDK's reference.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from plugins.cpu_native.library import INT8, Q4_0, Q4_1, Q8_0
+from plugins.cpu_native.library import E4M3W, INT8, Q4_0, Q4_1, Q8_0
 from plugins.int_quant import IntWeight
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,10 @@ def native_form(weight: IntWeight) -> tuple[str, int, torch.Tensor, torch.Tensor
     kernels, or None (with the reason logged) when the weight has no native form."""
     n, k = weight.rows, weight.cols
     channel = weight.group_size == k
+    if k % 32 == 0 and weight.codes.dtype == torch.float8_e4m3fn:  # one scale per row (IntWeight checks)
+        return "fp8_e4m3", E4M3W, weight.codes.contiguous().view(torch.uint8), weight.scales.reshape(n).float()
     if weight.codes.dtype != torch.int8:
-        return _none(weight, f"{weight.codes.dtype} codes (the kernels have no FP8 format)")
+        return _none(weight, f"{weight.codes.dtype} codes")
     if k % 32 or (weight.group_size % 32 and not channel):
         return _none(weight, f"groups of {weight.group_size} columns (the kernels take multiples of 32)")
     if weight.bits == 8 and weight.zeros is None and channel:

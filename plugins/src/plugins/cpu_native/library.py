@@ -27,6 +27,8 @@ X8 = 8
 #: GGUF 5-bit blocks of 32 (what K-quant mixes use where a row is not whole super-blocks):
 #: float32-activation kernels only, never repacked
 Q5_0, Q5_1 = 12, 13
+#: float8 E4M3 weight codes with a float32 scale per row (FP8 checkpoints): float32 activations
+E4M3W = 14
 #: added to an x8 code at the call: activations rounded to int8 per row, not per block of 32
 PER_TOKEN = 64
 

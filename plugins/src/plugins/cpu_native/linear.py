@@ -22,6 +22,7 @@ from plugins.cpu_native.int_linear import native_form
 from plugins.cpu_native.library import (
     DTYPE_BF16,
     DTYPE_F32,
+    E4M3W,
     F32W,
     INT8,
     PER_TOKEN,
@@ -37,7 +38,7 @@ from plugins.cpu_native.library import (
 )
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
-from plugins.int_quant import INT_FORMATS, IntWeight
+from plugins.int_quant import INT_FORMATS, IntWeight, round_activations
 from plugins.kernels import GGUFWeight
 
 #: GGUF types kept in their blocks, with their native format code
@@ -115,6 +116,10 @@ class QuantizedWeight:
     perm: torch.Tensor | None = None
     #: x8 only: round activations to int8 per row (W8A8 checkpoints) instead of per block of 32
     per_token: bool = False
+    #: E4M3 weights of FP8 W8A8 checkpoints: the activations' FP8 rounding, done before the kernel
+    #: (:func:`plugins.int_quant.round_activations`), and its static input scale
+    fp8_activations: str | None = None
+    input_scale: torch.Tensor | None = None
     #: data pointers of ``data`` and ``scales`` (0 if none), taken once for the kernel calls
     data_ptr: int = field(init=False, repr=False)
     scales_ptr: int = field(init=False, repr=False)
@@ -142,6 +147,8 @@ class QuantizedWeight:
         in ``data``'s order (before ``perm``)."""
         if self.code % X8 == INT8:
             return self.rows().float() * self.scales[: self.out_features, None]
+        if self.code == E4M3W:
+            return self.data.view(torch.float8_e4m3fn).float() * self.scales[:, None]
         if self.fmt in FORMATS:
             return dequantize(self.fmt, self.rows(), self.out_features, self.in_features)
         import gguf
@@ -196,7 +203,10 @@ def checkpoint_weight(weight: IntWeight) -> QuantizedWeight | IntWeight:
         return weight
     fmt, code, data, scales = form
     per_token = weight.activations == "int8_per_token"
-    return QuantizedWeight(fmt, code, data, scales, weight.rows, weight.cols, weight.perm, per_token)
+    fp8 = weight.activations if code == E4M3W else None
+    return QuantizedWeight(
+        fmt, code, data, scales, weight.rows, weight.cols, weight.perm, per_token, fp8, weight.input_scale
+    )
 
 
 class QuantLinearMixin:
@@ -234,6 +244,9 @@ class QuantLinearMixin:
         if isinstance(weight, QuantizedWeight):
             if weight.perm is not None:
                 x = x.index_select(-1, weight.perm)
+            if weight.fp8_activations is not None:
+                rounded = round_activations(x.float(), weight.fp8_activations, weight.input_scale)
+                return self._quantized_linear(rounded.contiguous(), weight, bias).to(x.dtype)
             return self._quantized_linear(x, weight, bias)
         if isinstance(weight, IntWeight):  # no native form: the SDK reference
             return weight.reference_linear(x, bias)

@@ -80,6 +80,7 @@ def _linear(linear: LinearWeights, what: str) -> _Linear:
     w, bias = linear.weight, linear.bias
     if isinstance(w, QuantizedWeight):
         _need(w.perm is None, f"{what} weight gathers its input first (act-order)")
+        _need(w.fp8_activations is None, f"{what} rounds its activations to FP8 first")
         code, ptr, scales, n, k = w.call_code, w.data_ptr, w.scales_ptr, w.out_features, w.in_features
     else:
         _need(isinstance(w, torch.Tensor) and w.dim() == 2, f"{what} weight is not a matrix")
