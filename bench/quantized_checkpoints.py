@@ -140,6 +140,7 @@ def decode(model: str | None, prompt: list[int], n_gen: int, kv_cache_dtype: str
     }
     if parity is not None:
         row["parity"] = engine_parity(llm, *parity)
+    llm.shutdown()  # its compute threads would share the CPUs with the next row
     return row
 
 
@@ -153,10 +154,12 @@ def llamacpp_decode(model: Path, n_gen: int) -> dict:
 
 
 def render(rows: list[dict], command: str, load: tuple[float, float]) -> str:
+    busy = " (**other jobs were running**: read the rates as rough)" if max(load) > 1.5 else ""
     lines = [
         f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); float32 compute, native "
-        f"cpu_x86 kernels; **machine loaded** (load average {load[0]:.1f} at the start, {load[1]:.1f} at the end "
-        "on 2 CPUs shared with other jobs): read the rates as rough, the ratios to one digit.",
+        f"cpu_x86 kernels, 2 threads; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end on "
+        f"{os.cpu_count()} CPUs{busy}. llama.cpp: llama-cpp-python 0.3.36 on the same GGUF files, before any "
+        "engine of ours starts.",
         "",
         "| checkpoint | weights MB | decode tok/s (batch 1) | KV cache tokens | greedy parity vs transformers "
         "| quantize s |",
@@ -199,15 +202,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ggufs = ensure_gguf_files(("Q8_0",))
     float_logits = hf_next_logits(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval())
-    rows = [
+    rows = [  # llama.cpp first, in a process of its own, before any engine of ours starts
+        {"name": "llama.cpp, GGUF Q4_1", **llamacpp_decode(ggufs["Q4_1"], a.decode_tokens)},
+        {"name": "llama.cpp, GGUF Q8_0", **llamacpp_decode(ggufs["Q8_0"], a.decode_tokens)},
         {"name": "GGUF Q4_1 (default file, blocks kept)", **decode(None, prompts[0], a.decode_tokens)},
         {
             "name": "GGUF Q4_1, `--kv-cache-dtype fp8` (E4M3 KV blocks)",
             **decode(None, prompts[0], a.decode_tokens, "fp8", (float_logits, prompts, a.parity_tokens)),
         },
         {"name": "GGUF Q8_0 (made by bench/gguf_files.py)", **decode(str(ggufs["Q8_0"]), prompts[0], a.decode_tokens)},
-        {"name": "llama.cpp, GGUF Q4_1", **llamacpp_decode(ggufs["Q4_1"], a.decode_tokens)},
-        {"name": "llama.cpp, GGUF Q8_0", **llamacpp_decode(ggufs["Q8_0"], a.decode_tokens)},
         {"name": "float32 (the GGUF dequantized)", **decode(str(source), prompts[0], a.decode_tokens)},
     ]
     for row in rows:

@@ -31,6 +31,8 @@ ARCHS = {
     ),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
+    # every layer windowed (8 tokens, shorter than most prompts): blocks behind it are given back
+    "mistral-window": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 8}),
     # local layers with a window of 8 (shorter than most prompts) around a global one
     "gemma3": (
         transformers.Gemma3TextConfig,
@@ -145,7 +147,8 @@ def test_greedy_matches_transformers(model_dir, engine_kwargs, device):
 @pytest.mark.parametrize("prefix_caching", [True, False])
 @pytest.mark.parametrize("device", ["reference", "auto"])
 def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching, device):
-    """24 blocks of 4 tokens: three 30-token prompts fill them, their decodes outgrow them."""
+    """24 blocks of 4 tokens: three 30-token prompts fill them, their decodes outgrow them (a
+    model windowed in every layer gives back the blocks behind its window and never preempts)."""
     directory, expected = model_dir
     block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # K+V, layers, block size, kv heads, head size, fp32
     llm = engine(
@@ -158,7 +161,10 @@ def test_greedy_matches_transformers_under_preemption(model_dir, prefix_caching,
     )
     assert llm.engine.block_manager.num_total_blocks == 24
     check_against_hf(llm, expected, PREEMPT_PROMPTS)
-    assert llm.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
+    if directory.name.startswith("mistral-window"):
+        assert llm.engine.scheduler.num_preemptions == 0, "blocks behind the 8-token window were not given back"
+    else:
+        assert llm.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
 
 
 @pytest.mark.parametrize("device", ["reference", "auto"])

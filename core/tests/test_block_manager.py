@@ -225,3 +225,22 @@ def test_skip_prefix_cache_reads_nothing_but_still_caches():
     assert bm.match_prefix(b) == 0
     assert bm.match_prefix(make_seq([1, 2, 3, 4, 5])) == 4
     bm.check_no_leaks()
+
+
+def test_blocks_behind_every_window_are_given_back_once():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = make_seq(list(range(14)))
+    compute_all(bm, seq)  # 4 blocks; the first 3 full and cached
+    bm.free_before(seq, 9)  # positions 0-7 are behind: blocks 0 and 1
+    assert seq.num_freed_blocks == 2 and len(seq.block_table) == 4
+    assert bm.num_free_blocks == 6 and bm.num_cached_blocks == 2  # hashed: still in the prefix cache
+    bm.free_before(seq, 5)  # a smaller position frees nothing more
+    assert seq.num_freed_blocks == 2 and bm.num_free_blocks == 6
+    other = make_seq(list(range(10)))  # reuses the first prompt's two cached blocks
+    assert bm.match_prefix(other) == 8
+    compute_all(bm, other)
+    assert other.block_table[:2] == seq.block_table[:2]
+    bm.free(seq)  # only the blocks it still holds
+    assert seq.num_freed_blocks == 0 and seq.block_table == []
+    bm.free(other)
+    bm.check_no_leaks()

@@ -11,7 +11,7 @@ import transformers
 from core.loader import cache, load_model, resolve_model, source
 from plugins.errors import UnsupportedFeature
 from plugins.kernels import Kernels
-from transformers import LlamaConfig, MistralConfig
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 CPU = torch.device("cpu")
 TINY = dict(
@@ -79,11 +79,18 @@ def test_unsupported_dtype(tmp_path):
         load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float64, device=CPU)
 
 
-def test_sliding_window_caps_max_model_len(tmp_path):
+def test_sliding_window_caps_max_model_len_where_attention_ignores_it(tmp_path):
+    save_model(Qwen2Config(**TINY, sliding_window=64, use_sliding_window=True), tmp_path / "qwen2")
+    loaded = load_model(str(tmp_path / "qwen2"), kernels=Kernels(), dtype=torch.float32, device=CPU)
+    assert loaded.max_model_len == 64  # Qwen2's windowed layers are not modelled: capped instead
+
+
+def test_mistral_attends_within_its_sliding_window(tmp_path):
     save_model(MistralConfig(**TINY, sliding_window=64), tmp_path)
     loaded = load_model(str(tmp_path), kernels=Kernels(), dtype=torch.float32, device=CPU)
-    assert loaded.max_model_len == 64
     assert type(loaded.model).__name__ == "MistralForCausalLM"
+    assert loaded.max_model_len == 256  # the whole context, each layer windowed
+    assert [layer.self_attn.sliding_window for layer in loaded.model.layers] == [64]
 
 
 def test_missing_weights_are_named(tmp_path):

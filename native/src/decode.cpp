@@ -34,6 +34,7 @@ struct CKDecoder {
   float eps, scale;
   int dtype, norm_dtype, cos_sin_dtype;
   int cache_dtype;  // dtype, or a one-byte code of fp8.h
+  long window;      // every layer's attention window (Mistral's sliding window), 0: none
 };
 
 struct CKStep {
@@ -106,7 +107,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
     }
     CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,
                              s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
-                             m->heads, m->kv_heads, d, m->block_size, m->scale, 0, nt);
+                             m->heads, m->kv_heads, d, m->block_size, m->scale, m->window, nt);
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);

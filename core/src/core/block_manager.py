@@ -141,10 +141,24 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release all of ``seq``'s blocks; hashed ones stay cached until evicted."""
         # last block first, so that a sequence's tail is evicted before its prefix
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(seq.block_table[seq.num_freed_blocks :]):
             self._release(block_id)
         seq.block_table = []
+        seq.num_freed_blocks = 0
         self._num_hashed.pop(seq.seq_id, None)
+
+    def free_before(self, seq: Sequence, position: int) -> None:
+        """Give back ``seq``'s blocks that hold only positions before ``position``: keys no
+        layer attends to again (every layer's sliding window has moved past them).
+
+        Their table entries stay in place (positions keep their blocks' indices); attention
+        masks those keys, so whatever the blocks hold later is never weighed. Hashed blocks
+        stay in the prefix cache until evicted.
+        """
+        end = min(max(position, 0) // self.block_size, len(seq.block_table))
+        for index in range(seq.num_freed_blocks, end):
+            self._release(seq.block_table[index])
+        seq.num_freed_blocks = max(seq.num_freed_blocks, end)
 
     def cache_blocks(self, seq: Sequence) -> None:
         """Register ``seq``'s newly full, computed blocks in the prefix cache."""

@@ -83,6 +83,8 @@ class Scheduler:
     :param max_num_batched_tokens: most new tokens per step.
     :param max_model_len: most tokens (prompt + output) per sequence.
     :param enable_chunked_prefill: split prompts longer than the step's remaining budget.
+    :param kv_window: the attention window every layer of the model keeps within (None when
+        some layer sees the whole context): blocks older than it are given back as sequences grow.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_chunked_prefill: bool = True,
+        kv_window: int | None = None,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -114,6 +117,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.kv_window = kv_window
         self.enable_chunked_prefill = enable_chunked_prefill
         self._waiting: list[Sequence] = []  # kept sorted by _order
         self._running: list[Sequence] = []  # kept sorted by _order; the last is preempted first
@@ -179,6 +183,8 @@ class Scheduler:
                 seq.append_token(sampled[seq.seq_id])
                 advanced.append(seq)
             self.block_manager.cache_blocks(seq)
+            if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
+                self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
         return advanced
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:

@@ -92,6 +92,9 @@ class Sequence:
     num_computed_tokens: int = field(init=False, default=0)  # tokens whose KV is in the cache
     num_cached_tokens: int = field(init=False, default=0)  # of those, found in the prefix cache
     block_table: list[int] = field(init=False, default_factory=list)
+    # leading entries of block_table given back to the pool: outside every layer's attention
+    # window (BlockManager.free_before); the entries stay, attention never uses their keys
+    num_freed_blocks: int = field(init=False, default=0)
     # content hashes of the full blocks of token_ids, filled lazily by the block manager;
     # tokens are only ever appended, so they stay valid across preemptions
     block_hashes: list[bytes] = field(init=False, default_factory=list)

@@ -66,6 +66,8 @@ class ModelDescription:
     :ivar attn_scale: the softmax scale of attention (``head_dim ** -0.5``).
     :ivar tie_word_embeddings: whether the LM head reuses :attr:`embedding` (logits are
         computed by core, outside the runner; informational).
+    :ivar sliding_window: every layer's attention window (Mistral's ``sliding_window``: each
+        query sees its last ``sliding_window`` positions), None for the whole context.
     """
 
     layers: tuple[LayerDescription, ...]
@@ -82,3 +84,4 @@ class ModelDescription:
     final_norm: torch.Tensor
     cos_sin: torch.Tensor
     tie_word_embeddings: bool
+    sliding_window: int | None = None

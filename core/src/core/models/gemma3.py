@@ -107,6 +107,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             layer_type=layer_type,
         )  # fmt: skip
 
+    @classmethod
+    def layer_windows(cls, config: Any) -> list[int | None]:
+        return [config.sliding_window if t == "sliding_attention" else None for t in config.layer_types]
+
     def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
         return Gemma3DecoderLayer(self.config, self.kernels, self.head_size, self.config.layer_types[index])
 

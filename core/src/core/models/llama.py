@@ -44,7 +44,14 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention + gated MLP, with the residual add fused into the norms."""
 
     def __init__(
-        self, config: Any, kernels: Kernels, head_size: int, qkv_bias: bool, o_bias: bool, tp: TensorParallel
+        self,
+        config: Any,
+        kernels: Kernels,
+        head_size: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        tp: TensorParallel,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
@@ -58,6 +65,7 @@ class LlamaDecoderLayer(nn.Module):
             head_size,
             qkv_bias=qkv_bias,
             o_bias=o_bias,
+            sliding_window=sliding_window,
             tp=tp,
         )
         self.post_attention_layernorm = RMSNorm(kernels, eps)
@@ -95,6 +103,11 @@ class LlamaForCausalLM(nn.Module):
     #: whether the model's attention honours ``config.sliding_window`` (else the loader caps the length at it)
     sliding_window_layers = False
 
+    @classmethod
+    def layer_windows(cls, config: Any) -> list[int | None]:
+        """Each layer's attention window in tokens (None: the whole context), from the config alone."""
+        return [None] * config.num_hidden_layers
+
     def __init__(
         self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
     ) -> None:
@@ -123,7 +136,8 @@ class LlamaForCausalLM(nn.Module):
 
     def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
         """Decoder layer ``index`` (empty; weights come with :meth:`load_weights`)."""
-        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp)
+        window = self.layer_windows(self.config)[index]
+        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp, window)
 
     @staticmethod
     def attention_biases(config: Any) -> tuple[bool, bool]:
@@ -180,6 +194,7 @@ class LlamaForCausalLM(nn.Module):
             final_norm=self.norm.weight,
             cos_sin=self.cos_sin_cache,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            sliding_window=self.layer_windows(config)[0],  # the Llama family's layers share one
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

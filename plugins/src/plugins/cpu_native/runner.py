@@ -49,7 +49,7 @@ class _Decoder(Structure):
         ("kv_heads", c_long), ("head_dim", c_long), ("inter", c_long), ("vocab", c_long),
         ("block_size", c_long), ("num_slots", c_long), ("embed", c_void_p), ("final_norm", c_void_p),
         ("cos_sin", c_void_p), ("eps", c_float), ("scale", c_float), ("dtype", c_int), ("norm_dtype", c_int),
-        ("cos_sin_dtype", c_int), ("cache_dtype", c_int),
+        ("cos_sin_dtype", c_int), ("cache_dtype", c_int), ("window", c_long),
     ]  # fmt: skip
 
 
@@ -143,7 +143,7 @@ class FusedDecoder:
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
             _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
             desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
-            NATIVE_DTYPES[cos_sin.dtype], FP8_CODES.get(cache_dtype, NATIVE_DTYPES[dtype]),
+            NATIVE_DTYPES[cos_sin.dtype], FP8_CODES.get(cache_dtype, NATIVE_DTYPES[dtype]), desc.sliding_window or 0,
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
