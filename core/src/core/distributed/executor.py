@@ -219,9 +219,15 @@ class MultiprocExecutor(RemoteExecutor):
         """Raise for a rank that died, when one did within ``grace_s``.
 
         A rank whose peer died fails inside a collective ("connection reset by peer") at
-        about the moment the peer's process ends: the dead rank is the cause to report.
+        about the moment the peer's process ends: the dead rank is the cause to report. Its
+        sentinel is ready once its files are closed, a moment before the kernel lets it be
+        reaped (and ``exitcode`` be known): it is joined for that moment.
         """
-        wait([p.sentinel for p in self.procs], timeout=grace_s)
+        ready = wait([p.sentinel for p in self.procs], timeout=grace_s)
+        for rank, proc in enumerate(self.procs):
+            if proc.sentinel in ready:
+                proc.join(timeout=grace_s)
+                raise WorkerFailed(rank, f"process {proc.pid} exited with code {proc.exitcode}")
         self._check_alive()
 
     def _gather(self, ranks: range, timeout: float | None) -> list[Any]:
