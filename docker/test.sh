@@ -73,8 +73,11 @@ until curl -sf "$URL/health" >/dev/null; do
     sleep 0.5
 done
 echo "healthy $((SECONDS - started)) s after docker run"
-docker logs "$NAME" 2>&1 | grep -q "CPU_KVCACHE_SPACE=1.0 GiB" || fail "CORE_CPU_KVCACHE_SPACE=1 not in the start-up log"
-docker logs "$NAME" 2>&1 | grep -q "CPU_OMP_THREADS_BIND=auto" || fail "VLLM_CPU_OMP_THREADS_BIND not in the start-up log"
+# the log in a variable first: `docker logs | grep -q` under pipefail fails when grep stops
+# reading early and docker logs dies of SIGPIPE (it did in CI)
+logs=$(docker logs "$NAME" 2>&1)
+grep -q "CPU_KVCACHE_SPACE=1.0 GiB" <<<"$logs" || fail "CORE_CPU_KVCACHE_SPACE=1 not in the start-up log"
+grep -q "CPU_OMP_THREADS_BIND=auto" <<<"$logs" || fail "VLLM_CPU_OMP_THREADS_BIND not in the start-up log"
 chat=$(curl -sf "$URL/v1/chat/completions" -H 'content-type: application/json' -d \
     '{"messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24,"temperature":0}')
 grep -q Paris <<<"$chat" || fail "chat completion without Paris: $chat"
