@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from floors import machine_info  # noqa: E402
 from llamacpp import cache_dir  # noqa: E402
-from results import put_section  # noqa: E402
+from results import write_section  # noqa: E402
 
 SECTION = "before-after"
 #: name -> (core bench throughput arguments, the rate reported: "output_tok_s" or "total_tok_s")
@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if a.results:
-        path = Path(a.results)
-        path.write_text(put_section(path.read_text() if path.exists() else "", SECTION, text))
+        write_section(a.results, SECTION, text)
     return 0
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 
 import cpu_vs_baselines  # noqa: E402
 from llamacpp import cache_dir  # noqa: E402
-from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, md_table, put_section, workload  # noqa: E402
+from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, md_table, workload, write_section  # noqa: E402
 
 SECTION = "gemma3-270m"
 #: "<bos>The capital of France is" in Gemma 3's vocabulary (as in core/tests/test_gemma3_gguf.py)
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     raw.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(_tokens_line(data["tokens"]))
     if a.results:
-        path = Path(a.results)
-        path.write_text(put_section(path.read_text() if path.exists() else "", SECTION, render_section(data)))
+        write_section(a.results, SECTION, render_section(data))
     return 0
 
 

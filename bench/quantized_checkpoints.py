@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results import put_section  # noqa: E402
+from results import write_section  # noqa: E402
 
 SECTION = "quantized-checkpoints"
 #: name -> compressed-tensors weight arguments (every Linear but lm_head); the W8A8 ones add ACTIVATIONS
@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if a.results:
-        path = Path(a.results)
-        path.write_text(put_section(path.read_text() if path.exists() else "", SECTION, text))
+        write_section(a.results, SECTION, text)
     return 0
 
 

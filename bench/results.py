@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -265,6 +266,12 @@ def put_section(text: str, name: str, body: str) -> str:
     """``text`` with the marked section ``name`` replaced by ``body`` (appended if absent)."""
     new, old = marked_section(name, body), _sections(text).get(name)
     return text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new
+
+
+def write_section(path: str | Path, name: str, body: str) -> None:
+    """Put ``body`` as the marked section ``name`` of the file at ``path`` (made if missing)."""
+    path = Path(path)
+    path.write_text(put_section(path.read_text() if path.exists() else "", name, body))
 
 
 def keep_marked_sections(old: str, new: str) -> str:

@@ -9,6 +9,7 @@ test the block manager must hold no leaked block.
 import pytest
 import torch
 import transformers
+from core.bench.parity import hf_greedy
 from plugins.reference import ReferencePlatform, tiny_model_config
 
 from core import LLM, SamplingParams
@@ -64,22 +65,6 @@ def build(arch, directory):
     return model
 
 
-def hf_greedy(model, prompt):
-    """Greedy tokens and per-step log-softmax from transformers (the reference)."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-    return out.sequences[0, len(prompt) :].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.scores]
-
-
 # distinct prompts that fill a small cache at admission and outgrow it while decoding
 PREEMPT_PROMPTS = [
     [int(x) for x in torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(s))] for s in range(6)
@@ -90,7 +75,7 @@ PREEMPT_PROMPTS = [
 def model_dir(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = build(request.param, directory)
-    return directory, {id(ps): [hf_greedy(hf, p) for p in ps] for ps in (PROMPTS, PREEMPT_PROMPTS)}
+    return directory, {id(ps): [hf_greedy(hf, p, MAX_TOKENS) for p in ps] for ps in (PROMPTS, PREEMPT_PROMPTS)}
 
 
 def engine(directory, device, **kwargs):
@@ -181,7 +166,7 @@ def test_profile_run_only_when_the_profiler_needs_it(tmp_path, device, monkeypat
     llm = engine(tmp_path, device, max_model_len=128, kv_cache_bytes=1 << 20)
     needs = llm.engine.platform.memory.needs_profile_run
     assert len(calls) == int(needs) and (needs or device != "reference")
-    check_against_hf(llm, {id(PROMPTS): [hf_greedy(hf, p) for p in PROMPTS]})
+    check_against_hf(llm, {id(PROMPTS): [hf_greedy(hf, p, MAX_TOKENS) for p in PROMPTS]})
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from core.bench.parity import hf_greedy
 from core.sampling_params import SamplingParams
 
 from core import LLM
@@ -40,21 +41,6 @@ def hf_model(path):
     return model
 
 
-def hf_greedy(model, prompt):
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-    return out.sequences[0, len(prompt) :].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.scores]
-
-
 @pytest.mark.slow
 def test_gemma3_270m_engine_matches_transformers_past_the_window(gemma_270m):
     gen = torch.Generator().manual_seed(0)
@@ -70,7 +56,7 @@ def test_gemma3_270m_engine_matches_transformers_past_the_window(gemma_270m):
     assert outs[1].num_cached_tokens == WINDOW + 16  # 33 full blocks of the first prompt
     reference = hf_model(gemma_270m)
     for prompt, out in zip((first, second), outs, strict=True):
-        hf_tokens, hf_logprobs = hf_greedy(reference, prompt)
+        hf_tokens, hf_logprobs = hf_greedy(reference, prompt, MAX_TOKENS)
         ours = out.outputs[0]
         for step, (a, b) in enumerate(zip(ours.token_ids, hf_tokens, strict=True)):
             assert abs(ours.logprobs[step][a].logprob - hf_logprobs[step][a].item()) < 2e-3, f"step {step}"

@@ -73,3 +73,20 @@ def hf_next_logits(hf_model: torch.nn.Module) -> Callable[[list[int]], torch.Ten
             return hf_model(torch.tensor([tokens])).logits[0, -1]
 
     return logits
+
+
+def hf_greedy(hf_model: torch.nn.Module, prompt: list[int], max_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' greedy continuation of ``prompt`` (EOS not special) and each step's
+    log-softmax over the vocabulary: the reference of the engine-level parity tests."""
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out.sequences[0, len(prompt) :].tolist(), [torch.log_softmax(s[0].float(), -1) for s in out.scores]
