@@ -205,7 +205,8 @@ def _max_model_len(config: Any) -> int:
     model class attends to the whole context instead (models with per-layer windows do not)."""
     limit = config.max_position_embeddings
     window = getattr(config, "sliding_window", None)
-    windowed = get_model_class(getattr(config, "architectures", None)).sliding_window_layers
+    layer_windows = get_model_class(getattr(config, "architectures", None)).layer_windows(config)
+    windowed = any(w is not None for w in layer_windows)
     if window and getattr(config, "use_sliding_window", True) and window < limit and not windowed:
         logger.info("capping max_model_len at the sliding window %d (was %d)", window, limit)
         limit = window

@@ -78,7 +78,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     #: no Llama-family description for native runners: run eagerly
     describe = None
-    sliding_window_layers = True
 
     def __init__(
         self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None

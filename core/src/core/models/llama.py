@@ -100,12 +100,10 @@ class LlamaForCausalLM(nn.Module):
     (:mod:`core.distributed.sharding`); its KV caches hold its own KV heads.
     """
 
-    #: whether the model's attention honours ``config.sliding_window`` (else the loader caps the length at it)
-    sliding_window_layers = False
-
     @classmethod
     def layer_windows(cls, config: Any) -> list[int | None]:
-        """Each layer's attention window in tokens (None: the whole context), from the config alone."""
+        """Each layer's attention window in tokens (None: the whole context), from the config alone.
+        A class whose layers have none ignores ``config.sliding_window``: the loader caps the length at it."""
         return [None] * config.num_hidden_layers
 
     def __init__(

@@ -12,8 +12,6 @@ from core.models.llama import LlamaForCausalLM
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral causal LM: sliding-window attention in every layer."""
 
-    sliding_window_layers = True
-
     @classmethod
     def layer_windows(cls, config: Any) -> list[int | None]:
         return [getattr(config, "sliding_window", None) or None] * config.num_hidden_layers
