@@ -86,6 +86,8 @@ def test_too_long_request_is_rejected_clearly(llm):
         llm.generate(["word " * 600], SamplingParams(max_tokens=10), use_tqdm=False)
     with pytest.raises(ValueError, match="vocabulary"):
         llm.generate(prompt_token_ids=[[10**9]], use_tqdm=False)
+    with pytest.raises(TypeError, match="prompt_token_ids"):  # token ids where text goes
+        llm.generate([[1, 2, 3]], use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
 
 

@@ -1,7 +1,7 @@
 // Weight formats of the quantized linear kernels (quant.cpp, matvec.cpp): GGUF
-// blocks of 32 values (Q8_0, Q4_0, Q4_1; Q5_0, Q5_1 with float activations only) or int8 rows with per-row float32 scales, each
-// either row by row as stored (float32 activations) or repacked in groups of 8 rows
-// ("x8", quant.cpp: int8 activations).
+// blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants), int8 or E4M3 rows with per-row float32
+// scales, or float32 rows: row by row as stored (float32 activations), or repacked in
+// groups of 8 rows ("x8", quant.cpp: int8 activations).
 #pragma once
 
 #include "common.h"
@@ -20,6 +20,13 @@ enum { CK_Q5_0 = 12, CK_Q5_1 = 13 };
 // CK_E4M3W: float8 E4M3 codes (FP8 checkpoints), a float32 scale per row as CK_INT8;
 // matvec.cpp only (the caller rounds FP8 activations)
 enum { CK_E4M3W = 14 };
+// Blocks of 32 with float32 scales, only in the x8 layout (quant.cpp): what the K-quants and
+// Q5 formats become for int8 activations (linear.py: float_scaled_rows), their values unchanged.
+// A row's block: two float32 scales, then the codes.
+//   CK_Q4FX8: d, m, 16 nibble bytes as Q4_1; value d * q + m (Q4_K)
+//   CK_U8FX8: d, m, 32 code bytes 0..63; value d * q + m (Q5_0, Q5_1, Q5_K)
+//   CK_S8FX8: d0, d1, 32 signed code bytes; value d0 * q (values 0-15), d1 * q (16-31) (Q6_K)
+enum { CK_Q4FX8 = 15, CK_U8FX8 = 16, CK_S8FX8 = 17 };
 // added to an x8 code: round activations to int8 per row instead of per block of 32
 enum { CK_PER_TOKEN = 64 };
 
@@ -27,14 +34,17 @@ namespace CK_NS {
 
 static const int kBlock = 32;
 
-static inline bool is_x8(int qt) { return qt >= CK_X8 && qt <= CK_INT8X8; }
+static inline bool is_x8(int qt) {
+  return (qt >= CK_X8 && qt <= CK_INT8X8) || (qt >= CK_Q4FX8 && qt <= CK_S8FX8);
+}
 static inline bool is_q5(int qt) { return qt == CK_Q5_0 || qt == CK_Q5_1; }
 
 // bytes of one row's block of 32 (the same in the x8 layout: 8 rows' blocks side by side)
 static inline long block_bytes(int qt) {
-  qt = is_x8(qt) ? qt - CK_X8 : qt;
+  if (qt >= CK_X8 && qt <= CK_INT8X8) qt -= CK_X8;
   return qt == CK_Q8_0 ? 34 : qt == CK_Q4_0 ? 18 : qt == CK_Q4_1 ? 20 : qt == CK_Q5_0 ? 22
-       : qt == CK_Q5_1 ? 24 : qt == CK_F32W ? 128 : 32;
+       : qt == CK_Q5_1 ? 24 : qt == CK_F32W ? 128 : qt == CK_Q4FX8 ? 24
+       : qt == CK_U8FX8 || qt == CK_S8FX8 ? 40 : 32;
 }
 static const int kSuper = 256;  // values of a K-quant super-block
 static inline bool is_k(int qt) { return qt == CK_Q4_K || qt == CK_Q5_K || qt == CK_Q6_K; }

@@ -19,6 +19,8 @@
 //         16 nibble bytes (low nibbles: elements 4c..4c+3, high: 16+4c..16+4c+3)
 //   Q4_0: d[8] f16, then as Q4_1;  Q8_0: d[8] f16, then chunks c = 0..7 (elements 4c..4c+3)
 //   INT8: chunks c = 0..7 (per-row float32 scales kept apart, padded to whole groups)
+//   Q4FX8: d[8] f32, m[8] f32, then as Q4_1;  U8FX8: d[8] f32, m[8] f32, then as Q8_0 (codes
+//   0..63: a vpmaddubsw pair stays below 2^15);  S8FX8: d0[8] f32, d1[8] f32, then as Q8_0
 // Rows past n in the last group are zeros and never written out.
 #include <stdlib.h>
 
@@ -75,11 +77,22 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
   });
 }
 
-// bytes of a group block's scales in the x8 layout: 8 f16 d, and 8 f16 m for Q4_1
+// what an x8 format (QT: a row format's code, or one of the float-scaled x8 codes) holds
+template <int QT>  // float32 scales (the K-quants' and Q5 formats' blocks, blocks.h)
+static constexpr bool f32_scales() { return QT >= CK_Q4FX8; }
+// bytes of a group block's scales: 8 f16 d (and 8 f16 m for Q4_1), or 8 + 8 f32
 template <int QT>
-static constexpr int scale_bytes() { return QT == CK_INT8 ? 0 : QT == CK_Q4_1 ? 32 : 16; }
-template <int QT>
-static constexpr bool is_q4() { return QT == CK_Q4_0 || QT == CK_Q4_1; }
+static constexpr int scale_bytes() {
+  return QT == CK_INT8 ? 0 : f32_scales<QT>() ? 64 : QT == CK_Q4_1 ? 32 : 16;
+}
+template <int QT>  // 4-bit codes, 16 bytes a row's block, else one byte a value
+static constexpr bool is_q4() { return QT == CK_Q4_0 || QT == CK_Q4_1 || QT == CK_Q4FX8; }
+template <int QT>  // value d * q + m: the activation block's sum s multiplies m
+static constexpr bool has_min() { return is_q4<QT>() || QT == CK_U8FX8; }
+template <int QT>  // signed byte codes (else unsigned)
+static constexpr bool signed_codes() { return QT == CK_Q8_0 || QT == CK_INT8 || QT == CK_S8FX8; }
+template <int QT>  // a scale for values 0-15 and one for 16-31
+static constexpr bool half_scales() { return QT == CK_S8FX8; }
 
 #if defined(__AVX2__)
 #define CK_GROUP_SIMD 1
@@ -137,27 +150,46 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
 #if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
     for (int t = 0; t < TT; ++t) s32[t] = _mm256_madd_epi16(s16[t], _mm256_set1_epi16(1));
 #endif
-  } else {  // signed weights: |w| x (a with w's sign), the u8 x s8 form of w x a
+  } else {  // byte codes; signed ones as |w| x (a with w's sign), the u8 x s8 form of w x a
+    __m256i lo32[TT];  // values 0-15 of half-scaled blocks
     for (int t = 0; t < TT; ++t) s32[t] = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {
+      if (half_scales<QT>() && c == 4)
+        for (int t = 0; t < TT; ++t) lo32[t] = s32[t], s32[t] = _mm256_setzero_si256();
       const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-      const __m256i u = _mm256_sign_epi8(v, v);
+      const __m256i u = signed_codes<QT>() ? _mm256_sign_epi8(v, v) : v;
       for (int t = 0; t < TT; ++t) {
-        s32[t] = dot4_add(s32[t], u, _mm256_sign_epi8(bcast4(aq[t] + 4 * c), v));
+        const __m256i av = bcast4(aq[t] + 4 * c);
+        s32[t] = dot4_add(s32[t], u, signed_codes<QT>() ? _mm256_sign_epi8(av, v) : av);
         __asm__("" : "+x"(s32[t]));  // (as above)
       }
     }
+    if (half_scales<QT>()) {  // second scale in m's place: d0 * lo + d1 * hi
+      const __m256 d0 = _mm256_loadu_ps((const float *)p), d1 = _mm256_loadu_ps((const float *)p + 8);
+      for (int t = 0; t < TT; ++t) {
+        const __m256 ad = _mm256_set1_ps(a.d[(t0 + t) * a.nb + b]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo32[t]), _mm256_mul_ps(d0, ad), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(d1, ad), acc[t]);
+      }
+      return;
+    }
   }
-  const __m256 d = QT == CK_INT8 ? _mm256_set1_ps(1.0f)
-                                   : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-  __m256 m = _mm256_setzero_ps();
+  __m256 d, m = _mm256_setzero_ps();
+  if (QT == CK_INT8) {
+    d = _mm256_set1_ps(1.0f);
+  } else if (f32_scales<QT>()) {
+    d = _mm256_loadu_ps((const float *)p);
+    m = _mm256_loadu_ps((const float *)p + 8);
+  } else {
+    d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  }
   if (QT == CK_Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
   if (QT == CK_Q4_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  // d * (q - 8)
   for (int t = 0; t < TT; ++t) {
     const long ai = (t0 + t) * a.nb + b;
     const __m256 dot = _mm256_cvtepi32_ps(s32[t]);
     acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a.d[ai])), acc[t]);
-    if (is_q4<QT>()) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), acc[t]);
+    if (has_min<QT>()) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), acc[t]);
   }
 }
 
@@ -193,8 +225,11 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
         s1[t] = vdotq_s32(vdotq_s32(s1[t], lo1, al), hi1, ah);
       }
     }
-  } else {
+  } else {  // byte codes (the unsigned ones are 0..63: as signed bytes the same)
+    int32x4_t lo0[TT], lo1[TT];  // values 0-15 of half-scaled blocks
     for (int c = 0; c < 8; ++c) {
+      if (half_scales<QT>() && c == 4)
+        for (int t = 0; t < TT; ++t) lo0[t] = s0[t], lo1[t] = s1[t], s0[t] = s1[t] = vdupq_n_s32(0);
       const int8x16_t w0 = vld1q_s8((const int8_t *)q + 32 * c), w1 = vld1q_s8((const int8_t *)q + 32 * c + 16);
       for (int t = 0; t < TT; ++t) {
         const int8x16_t av = bcast4(aq[t] + 4 * c);
@@ -202,17 +237,33 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
         s1[t] = vdotq_s32(s1[t], w1, av);
       }
     }
+    if (half_scales<QT>()) {  // second scale in m's place: d0 * lo + d1 * hi
+      const v8 d0 = v8_load((const float *)p), d1 = v8_load((const float *)p + 8);
+      for (int t = 0; t < TT; ++t) {
+        const v8 ad = v8_set1(a.d[(t0 + t) * a.nb + b]);
+        acc[t] = v8_fma(v8{vcvtq_f32_s32(lo0[t]), vcvtq_f32_s32(lo1[t])}, v8_mul(d0, ad), acc[t]);
+        acc[t] = v8_fma(v8{vcvtq_f32_s32(s0[t]), vcvtq_f32_s32(s1[t])}, v8_mul(d1, ad), acc[t]);
+      }
+      return;
+    }
   }
   const float16_t *h = (const float16_t *)p;
-  const v8 d = QT == CK_INT8 ? v8_set1(1.0f) : v8{vcvt_f32_f16(vld1_f16(h)), vcvt_f32_f16(vld1_f16(h + 4))};
-  v8 m = v8_zero();
+  v8 d, m = v8_zero();
+  if (QT == CK_INT8) {
+    d = v8_set1(1.0f);
+  } else if (f32_scales<QT>()) {
+    d = v8_load((const float *)p);
+    m = v8_load((const float *)p + 8);
+  } else {
+    d = v8{vcvt_f32_f16(vld1_f16(h)), vcvt_f32_f16(vld1_f16(h + 4))};
+  }
   if (QT == CK_Q4_1) m = v8{vcvt_f32_f16(vld1_f16(h + 8)), vcvt_f32_f16(vld1_f16(h + 12))};
   if (QT == CK_Q4_0) m = v8_mul(d, v8_set1(-8.0f));  // d * (q - 8)
   for (int t = 0; t < TT; ++t) {
     const long ai = (t0 + t) * a.nb + b;
     const v8 dot = {vcvtq_f32_s32(s0[t]), vcvtq_f32_s32(s1[t])};
     acc[t] = v8_fma(dot, v8_mul(d, v8_set1(a.d[ai])), acc[t]);
-    if (is_q4<QT>()) acc[t] = v8_fma(m, v8_set1(a.s[ai]), acc[t]);
+    if (has_min<QT>()) acc[t] = v8_fma(m, v8_set1(a.s[ai]), acc[t]);
   }
 }
 #endif
@@ -238,7 +289,10 @@ static inline void group_dot(const uint8_t *wg, long gbytes, const QAct &a, long
 template <int QT>
 static inline int x8_value(const uint8_t *p, int r, int i) {
   const uint8_t *q = p + scale_bytes<QT>();
-  if (!is_q4<QT>()) return (int8_t)q[(i / 4) * 32 + r * 4 + i % 4];
+  if (!is_q4<QT>()) {
+    const uint8_t byte = q[(i / 4) * 32 + r * 4 + i % 4];
+    return signed_codes<QT>() ? (int)(int8_t)byte : (int)byte;
+  }
   const int j = i % 16;  // nibble byte j: element j low, j + 16 high
   const uint8_t byte = q[(j / 4) * 32 + r * 4 + j % 4];
   return i < 16 ? byte & 0x0f : byte >> 4;
@@ -253,14 +307,22 @@ static inline void group_dot(const uint8_t *wg, long gbytes, const QAct &a, long
     for (int g = 0; g < NG; ++g) {
       const uint8_t *p = wg + g * gbytes + b * gb;
       for (int r = 0; r < kGroup; ++r) {
-        const float d = QT == CK_INT8 ? 1.0f : read_half(p + 2 * r);
-        const float m = QT == CK_Q4_1 ? read_half(p + 16 + 2 * r) : QT == CK_Q4_0 ? -8.0f * d : 0.0f;
+        float d = 1.0f, m = 0.0f;  // (d1 = m: the second scale of half-scaled blocks)
+        if (f32_scales<QT>()) {
+          memcpy(&d, p + 4 * r, 4);
+          memcpy(&m, p + 32 + 4 * r, 4);
+        } else if (QT != CK_INT8) {
+          d = read_half(p + 2 * r);
+          m = QT == CK_Q4_1 ? read_half(p + 16 + 2 * r) : QT == CK_Q4_0 ? -8.0f * d : 0.0f;
+        }
         for (int t = 0; t < TT; ++t) {
           const long ai = (t0 + t) * a.nb + b;
           const int8_t *aq = a.q + (t0 + t) * k + b * kBlock;
-          int dot = 0;
-          for (int i = 0; i < kBlock; ++i) dot += x8_value<QT>(p, r, i) * (int)aq[i];
-          sums[(t * NG + g) * kGroup + r] += (float)dot * d * a.d[ai] + m * a.s[ai];
+          int lo = 0, hi = 0;
+          for (int i = 0; i < kBlock; ++i) (i < 16 ? lo : hi) += x8_value<QT>(p, r, i) * (int)aq[i];
+          sums[(t * NG + g) * kGroup + r] +=
+              half_scales<QT>() ? ((float)lo * d + (float)hi * m) * a.d[ai]
+                                : (float)(lo + hi) * d * a.d[ai] + (has_min<QT>() ? m * a.s[ai] : 0.0f);
         }
       }
     }
@@ -313,6 +375,9 @@ static void matmul_typed(int qt, const uint8_t *w, const float *rs, const QAct &
     case CK_Q8_0X8: matmul_x8<CK_Q8_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
     case CK_Q4_0X8: matmul_x8<CK_Q4_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
     case CK_Q4_1X8: matmul_x8<CK_Q4_1, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
+    case CK_Q4FX8: matmul_x8<CK_Q4FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
+    case CK_U8FX8: matmul_x8<CK_U8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
+    case CK_S8FX8: matmul_x8<CK_S8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
     default: matmul_x8<CK_INT8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
   }
 }

@@ -18,7 +18,11 @@ namespace {
 
 enum { F32 = 0, BF16 = 1 };
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8, Q5_0 = 12, Q5_1 = 13, E4M3W = 14 };
-const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32", "", "", "", "", "", "", "", "q5_0", "q5_1", "e4m3"};
+// float-scaled blocks, x8 layout only (what K-quants and Q5 formats are repacked into)
+enum { Q4FX8 = 15, U8FX8 = 16, S8FX8 = 17 };
+const char *kFormatNames[] = {"q8_0", "q4_0", "q4_1", "int8", "f32",  "", "", "", "", "",
+                              "",     "",     "q5_0", "q5_1", "e4m3", "q4f", "u8f", "s8f"};
+bool float_scaled(int qt) { return qt >= Q4FX8; }
 
 typedef void (*RmsNorm)(int, int, void *, void *, const void *, long, const void *, long,
                         const void *, long, long, float, int);
@@ -309,7 +313,7 @@ Weights make_weights(int qt, long n, long k) {
   Weights w;
   const long nb = k / 32;
   const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == Q5_0 ? 22 : qt == Q5_1 ? 24
-                : qt == F32W ? 128 : 32;
+                : qt == F32W ? 128 : qt == Q4FX8 ? 24 : qt == U8FX8 || qt == S8FX8 ? 40 : 32;
   w.bytes.resize(n * nb * bb);
   w.deq.resize(n * k);
   if (qt == INT8 || qt == E4M3W) w.scales = randn(n, 0.02f);
@@ -320,6 +324,24 @@ Weights make_weights(int qt, long n, long k) {
       const float m_sign = next_u32() & 1 ? 1.0f : -1.0f;  // |m| >= 0.01: a normal half
       const uint16_t dh = f32_to_half(uniform(0.005f, 0.05f)), mh = f32_to_half(m_sign * uniform(0.01f, 0.2f));
       const double d = half_to_f32(dh), m = half_to_f32(mh);
+      if (float_scaled(qt)) {  // row form: float32 d and m (S8FX8: d0, d1), then the codes
+        const float fd = uniform(0.005f, 0.05f), fm = qt == S8FX8 ? uniform(0.005f, 0.05f) : m_sign * uniform(0.01f, 0.2f);
+        memcpy(p, &fd, 4);
+        memcpy(p + 4, &fm, 4);
+        for (int i = 0; i < 32; ++i) {
+          int v;
+          if (qt == Q4FX8) {
+            v = (int)(next_u32() % 16);
+            uint8_t &byte = p[8 + i % 16];
+            byte = i < 16 ? (uint8_t)((byte & 0xf0) | v) : (uint8_t)((byte & 0x0f) | (v << 4));
+          } else {
+            v = qt == U8FX8 ? (int)(next_u32() % 64) : (int)(next_u32() % 255) - 127;
+            p[8 + i] = (uint8_t)v;
+          }
+          o[i] = qt == S8FX8 ? (double)(i < 16 ? fd : fm) * v : (double)fd * v + fm;
+        }
+        continue;
+      }
       if (qt != F32W && qt != INT8 && qt != E4M3W) memcpy(p, &dh, 2);
       if (qt == Q4_1 || qt == Q5_1) memcpy(p + 2, &mh, 2);
       for (int i = 0; i < 32; ++i) {
@@ -354,20 +376,21 @@ Weights make_weights(int qt, long n, long k) {
   return w;
 }
 
-// The x8 layout of native/src/quant.cpp: groups of 8 rows, per block the 8 rows' f16
-// scales (d, then m for Q4_1) and then 4 bytes of each row at a time.
+// The x8 layout of native/src/quant.cpp: groups of 8 rows, per block the 8 rows' scales
+// (f16 d, then m for Q4_1; f32 d, then m for the float-scaled blocks) and then 4 bytes of
+// each row at a time.
 std::vector<uint8_t> interleave_x8(int qt, const std::vector<uint8_t> &rows, long n, long k) {
   const long nb = k / 32, groups = (n + 7) / 8;
-  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : 32;
-  const long head = qt == Q8_0 || qt == Q4_0 ? 2 : qt == Q4_1 ? 4 : 0, body = bb - head;
+  const long bb = qt == Q8_0 ? 34 : qt == Q4_0 ? 18 : qt == Q4_1 ? 20 : qt == Q4FX8 ? 24 : float_scaled(qt) ? 40 : 32;
+  const long head = qt == Q8_0 || qt == Q4_0 ? 2 : qt == Q4_1 ? 4 : float_scaled(qt) ? 8 : 0, body = bb - head;
+  const long scales = head == 0 ? 0 : head == 2 ? 1 : 2, unit = scales ? head / scales : 0;  // unit: a scale's bytes
   std::vector<uint8_t> out(groups * nb * 8 * bb, 0);
   for (long g = 0; g < groups; ++g)
     for (long b = 0; b < nb; ++b) {
       uint8_t *blk = &out[(g * nb + b) * 8 * bb];
       for (long r = 0; r < 8 && g * 8 + r < n; ++r) {
         const uint8_t *src = &rows[((g * 8 + r) * nb + b) * bb];
-        if (head >= 2) memcpy(blk + 2 * r, src, 2);
-        if (head == 4) memcpy(blk + 16 + 2 * r, src + 2, 2);
+        for (long i = 0; i < scales; ++i) memcpy(blk + 8 * unit * i + unit * r, src + unit * i, unit);
         for (long c = 0; c < body / 4; ++c) memcpy(blk + 8 * head + 32 * c + 4 * r, src + head + 4 * c, 4);
       }
     }
@@ -398,7 +421,8 @@ void test_linear(Suite &s, int qt, long rows, bool int8_act) {
   std::vector<float> scales = w.scales;
   if (int8_act && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
   std::vector<float> out(rows * n);
-  const int status = s.fn<Linear>("linear")(qt + (int8_act ? X8 : 0), wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
+  const int code = float_scaled(qt) ? qt : qt + (int8_act ? X8 : 0);
+  const int status = s.fn<Linear>("linear")(code, wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
   const std::string name = std::string("linear ") + kFormatNames[qt] + (int8_act ? " x8/int8-act" : "") +
                            " rows=" + std::to_string(rows);
@@ -445,7 +469,7 @@ int main(int argc, char **argv) {
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
-    for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
+    for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);
     run += s.run;
     passed += s.passed;

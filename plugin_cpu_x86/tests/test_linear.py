@@ -93,17 +93,17 @@ def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qty
     check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
 
 
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+
+
 @pytest.mark.parametrize(
     "dtype,tokens,out_features,in_features",
     [(torch.float32, 1, 96, 512), (torch.float32, 5, 97, 256), (torch.float32, 9, 98, 768),
      (torch.float32, 130, 64, 512), (torch.bfloat16, 3, 96, 256), (torch.bfloat16, 14, 96, 256)],
 )  # fmt: skip
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
-@pytest.mark.parametrize("quantize_activations", [False, True])
-def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype, quantize_activations):
-    """K-quant and 5-bit blocks as stored, on float32 activations (row dots and panels; no
-    int8-activation kernel: with CPU_QUANT_ACTIVATIONS they stay as they are)."""
-    kernels.quantize_activations = quantize_activations
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype):
+    """K-quant and 5-bit blocks as stored, on float32 activations (row dots and panels)."""
     weight = random_gguf_weight(qtype, out_features, in_features, seed=tokens, scale=1e-3)
     prepared = kernels.prepare_linear(weight, "gguf")
     assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype and not prepared.interleaved
@@ -207,6 +207,25 @@ def test_int8_activation_kernel(kernels, gen, qtype, out_features):
         bias = torch.randn(out_features, generator=gen)
         check_int8_activations(kernels.linear(x, prepared, bias) - bias, x, w_deq, f"{qtype} x{tokens} bias")
     x = torch.randn(3, 576, generator=gen).to(torch.bfloat16)
+    check_int8_activations(kernels.linear(x, prepared).float(), x.float(), w_deq, f"{qtype} bf16")
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+@pytest.mark.parametrize("out_features", [96, 101])
+def test_k_quant_int8_activation_kernel(kernels, gen, qtype, out_features):
+    """CPU_QUANT_ACTIVATIONS on K-quant and 5-bit weights: rewritten as float-scaled blocks of
+    32 (the same values), repacked in groups of 8 rows, int8-rounded activations."""
+    kernels.quantize_activations = True
+    weight = random_gguf_weight(qtype, out_features, 512, seed=out_features, scale=1e-3)
+    prepared = kernels.prepare_linear(weight, "gguf")
+    assert prepared.interleaved and prepared.data.shape[0] == -(-out_features // 8)
+    w_deq = prepared.dequantize()
+    exact = weight.dequantize()
+    torch.testing.assert_close(w_deq, exact, atol=1e-6 * exact.abs().max().item(), rtol=1e-6)
+    for tokens in (1, 5, 20, 70):
+        x = torch.randn(tokens, 512, generator=gen) * 2
+        check_int8_activations(kernels.linear(x, prepared), x, w_deq, f"{qtype} x{tokens}")
+    x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
     check_int8_activations(kernels.linear(x, prepared).float(), x.float(), w_deq, f"{qtype} bf16")
 
 

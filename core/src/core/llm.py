@@ -62,6 +62,12 @@ class LLM:
         if prompt_token_ids is not None:
             items = [(None, list(ids)) for ids in prompt_token_ids]
         elif prompts is not None:
+            wrong = next((p for p in prompts if not isinstance(p, str)), None)
+            if wrong is not None:
+                raise TypeError(
+                    f"prompts are strings, got {type(wrong).__name__} {str(wrong)[:40]}; "
+                    "pass token ids as prompt_token_ids=[[...], ...]"
+                )
             items = [(p, None) for p in prompts]
         else:
             raise ValueError("generate() needs prompts or prompt_token_ids")

@@ -103,6 +103,59 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return (d * q).reshape(n, QK_K)
 
 
+def _affine_q5(b: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = _nibbles(b[:, offset + 4 :], 16).reshape(b.shape[0], 32) | _q5_high(b[:, offset : offset + 4])
+    d = _f16(b[:, :2])
+    return q, d, _f16(b[:, 2:4]) if offset == 4 else -16.0 * d
+
+
+def _affine_k(b: torch.Tensor, five_bits: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    sc, mins = _k_scales(b[:, 4:16])
+    d, dm = _f16(b[:, :2]).unsqueeze(-1) * sc, _f16(b[:, 2:4]).unsqueeze(-1) * mins
+    q = _nibbles(b[:, 48 if five_bits else 16 :], 32).reshape(b.shape[0], 8, 32)
+    if five_bits:
+        q = q | (_bits(b[:, 16:48], 8, 1) << 4)
+    return q.reshape(-1, 32), d.reshape(-1, 1), -dm.reshape(-1, 1)
+
+
+def _affine_q6_k(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = b.shape[0]
+    low = _nibbles(b[:, :128].reshape(n * 2, 64), 64).reshape(n, 8, 32)
+    high = _bits(b[:, 128:192].reshape(n * 2, 32), 4, 2).reshape(n, 8, 32)
+    q = (low | (high << 4)).to(torch.int8) - 32
+    d = _f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()
+    return q.reshape(-1, 32), d.reshape(-1, 2), torch.zeros(n * 8, 1)
+
+
+#: qtype -> blocks -> (codes [blocks of 32, 32], scales [.., 1 or 2 halves], offsets [.., 1])
+_AFFINE: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
+    "Q5_0": lambda b: _affine_q5(b, 2),
+    "Q5_1": lambda b: _affine_q5(b, 4),
+    "Q4_K": lambda b: _affine_k(b, False),
+    "Q5_K": lambda b: _affine_k(b, True),
+    "Q6_K": _affine_q6_k,
+}
+
+
+def affine_codes(
+    qtype: str, data: torch.Tensor, rows: int, cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of ``qtype`` (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as ``scale * code + offset`` per block of 32.
+
+    Returns the integer codes ``[rows, cols]`` (uint8, or int8 for Q6_K: ``q - 32``), the
+    float32 scales ``[rows, cols // 32, 2]`` (of values 0-15 and 16-31 of a block: the same
+    but for Q6_K, which scales every 16) and offsets ``[rows, cols // 32]``. The values are
+    :func:`dequantize`'s up to float32 rounding (e.g. Q5_0's ``d * q - 16 d`` for ``d * (q - 16)``).
+    """
+    row_bytes(qtype, cols)  # raises for a format without codes or a partial block
+    if qtype not in _AFFINE:
+        raise UnsupportedFeature(f"GGUF {qtype} has no affine codes here; supported: {sorted(_AFFINE)}")
+    _, size, _ = FORMATS[qtype]
+    q, scale, offset = _AFFINE[qtype](data.reshape(-1, size))
+    nb = cols // 32
+    return q.reshape(rows, cols), scale.expand(-1, 2).reshape(rows, nb, 2), offset.reshape(rows, nb)
+
+
 #: qtype -> (values per block, bytes per block, block dequantizer)
 FORMATS: dict[str, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
     "Q8_0": (32, 34, _q8_0),

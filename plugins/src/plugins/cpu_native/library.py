@@ -20,7 +20,7 @@ from plugins.errors import PlatformUnavailable
 
 DTYPE_F32, DTYPE_BF16 = 0, 1
 Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
-#: GGUF K-quants (native/src/blocks.h): float32-activation kernels only, never repacked
+#: GGUF K-quants (native/src/blocks.h), with int8 activations repacked as float-scaled x8 blocks
 Q4_K, Q5_K, Q6_K = 5, 6, 7
 #: a format repacked in groups of 8 rows (native/src/quant.cpp, int8 activations): its code + X8
 X8 = 8
@@ -29,6 +29,9 @@ X8 = 8
 Q5_0, Q5_1 = 12, 13
 #: float8 E4M3 weight codes with a float32 scale per row (FP8 checkpoints): float32 activations
 E4M3W = 14
+#: x8 codes of blocks of 32 with float32 scales, what Q4_K (4-bit codes), Q5_0/Q5_1/Q5_K (byte
+#: codes) and Q6_K (signed byte codes, a scale per 16) become for int8 activations
+Q4FX8, U8FX8, S8FX8 = 15, 16, 17
 #: added to an x8 code at the call: activations rounded to int8 per row, not per block of 32
 PER_TOKEN = 64
 

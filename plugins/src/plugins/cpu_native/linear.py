@@ -5,10 +5,10 @@ By default every batch size runs the native kernel on the weights as stored: it
 dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
 multiplies them into the float32 activations, so the result is the float32 product with
 the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
-repacked at load in groups of 8 rows (:func:`interleave_x8`) and every batch rounds the
-activations to int8 per block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact);
-Q5_0, Q5_1 and the K-quants have no x8 kernel and keep float32 activations then. Other GGUF
-types are dequantized once at load with ``gguf.quants.dequantize``.
+repacked at load in groups of 8 rows (:mod:`plugins.cpu_native.x8`; the K-quants and 5-bit
+formats as blocks of 32 with float32 scales) and every batch rounds the activations to int8 per
+block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact). Other GGUF types are
+dequantized once at load with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ from plugins.cpu_native.library import (
     Q5_K,
     Q6_K,
     Q8_0,
-    X8,
+)
+from plugins.cpu_native.x8 import (
+    FLOAT_SCALED,
+    GROUP,
+    X8_CODES,
+    deinterleave_x8,
+    float_scaled_rows,
+    float_scaled_values,
+    interleave_x8,
 )
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
@@ -45,11 +53,6 @@ from plugins.kernels import GGUFWeight
 NATIVE_GGUF = {
     "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K,
 }  # fmt: skip
-#: bytes of a row's block of 32 in the formats the int8-activation (x8) kernel takes
-_BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, INT8: 32}
-#: bytes of a row's block that are scales (float16 d, and m for Q4_1), before its values
-_SCALE_BYTES = {Q8_0: 2, Q4_0: 2, Q4_1: 4, INT8: 0}
-GROUP = 8  # rows interleaved by interleave_x8
 #: torch dtypes the native kernels take, with their dtype codes (shared by kernels.py and runner.py)
 NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
@@ -64,46 +67,14 @@ def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
     return None
 
 
-def interleave_x8(rows: torch.Tensor, code: int) -> torch.Tensor:
-    """Repack ``[n, nb * block]`` bytes of format ``code`` into native/src/quant.cpp's x8 layout.
-
-    Rows go in groups of 8 (the last padded with zero rows); in each group and block of 32
-    columns, first the 8 rows' scales side by side (all d, then all m), then the values 4
-    bytes of a row at a time: chunk 0 of rows 0..7, chunk 1 of rows 0..7, ... The result is
-    ``[ceil(n / 8), nb * 8 * block]`` bytes, of ``rows``' dtype (uint8 or int8).
-    """
-    n, width = rows.shape
-    block, sb = _BLOCK_BYTES[code], _SCALE_BYTES[code]
-    nb, groups = width // block, -(-n // GROUP)
-    padded = torch.zeros(groups * GROUP, width, dtype=rows.dtype)
-    padded[:n] = rows
-    blocks = padded.view(groups, GROUP, nb, block)
-    scales = blocks[..., :sb].reshape(groups, GROUP, nb, sb // 2, 2).permute(0, 2, 3, 1, 4)
-    values = blocks[..., sb:].reshape(groups, GROUP, nb, (block - sb) // 4, 4).permute(0, 2, 3, 1, 4)
-    packed = torch.cat([scales.reshape(groups, nb, GROUP * sb), values.reshape(groups, nb, GROUP * (block - sb))], 2)
-    return packed.reshape(groups, -1).contiguous()
-
-
-def deinterleave_x8(packed: torch.Tensor, code: int, n: int) -> torch.Tensor:
-    """The ``[n, nb * block]`` rows that :func:`interleave_x8` packed."""
-    groups = packed.shape[0]
-    block, sb = _BLOCK_BYTES[code], _SCALE_BYTES[code]
-    nb = packed.shape[1] // (GROUP * block)
-    parts = packed.view(groups, nb, GROUP * block)
-    scales = parts[..., : GROUP * sb].reshape(groups, nb, sb // 2, GROUP, 2).permute(0, 3, 1, 2, 4)
-    values = parts[..., GROUP * sb :].reshape(groups, nb, (block - sb) // 4, GROUP, 4).permute(0, 3, 1, 2, 4)
-    blocks = torch.cat([scales.reshape(groups, GROUP, nb, sb), values.reshape(groups, GROUP, nb, block - sb)], 3)
-    return blocks.reshape(groups * GROUP, nb * block)[:n].contiguous()
-
-
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
 
-    ``data`` holds ``out_features`` rows in format ``fmt`` (``"int8"``, ``"Q8_0"``,
-    ``"Q4_0"``, ``"Q4_1"``), as stored (``code``: the format's code) or repacked by
-    :func:`interleave_x8` (``code``: the format's code + ``X8``); ``scales`` the per-row
-    float32 scales of ``"int8"`` (padded with zeros to whole groups of 8 when repacked).
+    ``data`` holds ``out_features`` rows in format ``fmt`` (``"int8"``, a GGUF type, ``"E4M3"``),
+    as stored (``code``: the format's code) or repacked by :func:`plugins.cpu_native.x8.interleave_x8`
+    (``code``: its x8 code, :data:`plugins.cpu_native.x8.X8_CODES`); ``scales`` the per-row
+    float32 scales of ``"int8"`` and E4M3 (padded with zeros to whole groups of 8 when repacked).
     """
 
     fmt: str
@@ -134,19 +105,22 @@ class QuantizedWeight:
     @property
     def interleaved(self) -> bool:
         """Whether ``data`` is in the x8 layout (the int8-activation kernel's)."""
-        return X8 <= self.code <= X8 + INT8
+        return self.code in X8_CODES.values()
 
     def rows(self) -> torch.Tensor:
-        """``data`` as stored, one row of blocks per output feature."""
+        """``data`` one row of blocks per output feature: as stored, or for the K-quants and
+        5-bit formats in the x8 layout, the float-scaled blocks they were rewritten as."""
         if not self.interleaved:
             return self.data
-        return deinterleave_x8(self.data, self.code - X8, self.out_features)
+        return deinterleave_x8(self.data, self.code, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[out, in]`` matrix (for checks and the odd-shaped fallback), columns
         in ``data``'s order (before ``perm``)."""
-        if self.code % X8 == INT8:
+        if self.code in (INT8, X8_CODES[INT8]):
             return self.rows().float() * self.scales[: self.out_features, None]
+        if self.code in FLOAT_SCALED:
+            return float_scaled_values(self.code, self.rows())
         if self.code == E4M3W:
             return self.data.view(torch.float8_e4m3fn).float() * self.scales[:, None]
         if self.fmt in FORMATS:
@@ -158,11 +132,15 @@ class QuantizedWeight:
 
     def to_x8(self) -> QuantizedWeight:
         """The same weight repacked for the int8-activation kernel."""
+        code = X8_CODES[self.code]
         scales = None if self.scales is None else F.pad(self.scales, (0, -self.out_features % GROUP))
-        data = interleave_x8(self.data, self.code)
+        rows = self.data
+        if code in FLOAT_SCALED:
+            rows = float_scaled_rows(self.fmt, code, self.data, self.out_features, self.in_features)
         return QuantizedWeight(
-            self.fmt, self.code + X8, data, scales, self.out_features, self.in_features, self.perm, self.per_token
-        )
+            self.fmt, code, interleave_x8(rows, code), scales, self.out_features, self.in_features, self.perm,
+            self.per_token,
+        )  # fmt: skip
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
@@ -220,16 +198,15 @@ class QuantLinearMixin:
             if not isinstance(prepared, QuantizedWeight):
                 return prepared
             # W8A8 checkpoints need int8 activations, per token as they were calibrated
-            if prepared.per_token or (self.quantize_activations and prepared.code in _BLOCK_BYTES):
+            if prepared.per_token or (self.quantize_activations and prepared.code in X8_CODES):
                 return prepared.to_x8()
             return prepared
         if isinstance(weight, GGUFWeight) or quantization == "int8":
             prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
             # the x8 kernel takes whole blocks of 32 columns (other widths: linear() dequantizes)
-            # of its formats (the K-quants run on float32 activations)
             if (
                 isinstance(prepared, QuantizedWeight) and self.quantize_activations and prepared.in_features % 32 == 0
-                and prepared.code in _BLOCK_BYTES
+                and prepared.code in X8_CODES
             ):  # fmt: skip
                 return prepared.to_x8()
             return prepared
