@@ -376,6 +376,71 @@ Weights make_weights(int qt, long n, long k) {
   return w;
 }
 
+// A [n, k] matrix of GGUF K-quant super-blocks (Q4_K 144, Q5_K 176, Q6_K 210 bytes a 256
+// values): random codes and 6/8-bit scales, normal f16 d (and dmin), dequantized as the GGUF
+// reference (ggml's dequantize_row_q*_K) does, written here from its layout.
+enum { Q4_K = 5, Q5_K = 6, Q6_K = 7 };
+Weights make_k_weights(int qt, long n, long k) {
+  Weights w;
+  const long ns = k / 256, sb = qt == Q4_K ? 144 : qt == Q5_K ? 176 : 210;
+  w.bytes.resize(n * ns * sb);
+  w.deq.resize(n * k);
+  for (uint8_t &b : w.bytes) b = (uint8_t)next_u32();
+  for (long i = 0; i < n * ns; ++i) {
+    uint8_t *p = &w.bytes[i * sb];
+    double *y = &w.deq[i * 256];
+    const uint16_t dh = f32_to_half(uniform(0.0005f, 0.005f)), mh = f32_to_half(uniform(0.0005f, 0.005f));
+    if (qt == Q6_K) {
+      memcpy(p + 208, &dh, 2);
+      const double d = half_to_f32(dh);
+      const uint8_t *ql = p, *qh = p + 128;
+      const int8_t *sc = (const int8_t *)(p + 192);
+      for (int h = 0; h < 2; ++h, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          y[l] = d * sc[is] * (((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32);
+          y[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+          y[l + 64] = d * sc[is + 4] * ((ql[l] >> 4 | ((qh[l] >> 4) & 3) << 4) - 32);
+          y[l + 96] = d * sc[is + 6] * ((ql[l + 32] >> 4 | ((qh[l] >> 6) & 3) << 4) - 32);
+        }
+      continue;
+    }
+    memcpy(p, &dh, 2);
+    memcpy(p + 2, &mh, 2);
+    const double d = half_to_f32(dh), dmin = half_to_f32(mh);
+    const uint8_t *sc = p + 4, *qh = p + 16, *ql = p + (qt == Q4_K ? 16 : 48);
+    for (int j = 0; j < 8; ++j) {  // sub-block j of 32: 6-bit scale and min
+      const int scale = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+      const int min = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+      for (int l = 0; l < 32; ++l) {
+        int q = j % 2 ? ql[32 * (j / 2) + l] >> 4 : ql[32 * (j / 2) + l] & 15;
+        if (qt == Q5_K) q += (qh[l] >> j) & 1 ? 16 : 0;
+        y[32 * j + l] = d * scale * q - dmin * min;
+      }
+    }
+  }
+  return w;
+}
+
+void test_k_linear(Suite &s, int qt, long rows) {
+  const long n = 21, k = 512;
+  Weights w = make_k_weights(qt, n, k);
+  auto x = randn(rows * k), bias = randn(n);
+  std::vector<double> ref(rows * n);
+  for (long t = 0; t < rows; ++t)
+    for (long j = 0; j < n; ++j) {
+      double acc = bias[j];
+      for (long i = 0; i < k; ++i) acc += w.deq[j * k + i] * x[t * k + i];
+      ref[t * n + j] = acc;
+    }
+  std::vector<float> out(rows * n);
+  const int status = s.fn<Linear>("linear")(qt, w.bytes.data(), NULL, n, k, F32, x.data(), k, rows, out.data(),
+                                            bias.data(), F32, 2);
+  if (status != 0) ref.assign(ref.size(), NAN);
+  const char *names[] = {"q4_k", "q5_k", "q6_k"};
+  s.check(std::string("linear ") + names[qt - Q4_K] + " rows=" + std::to_string(rows), out.data(), ref, 1e-4, 1e-4);
+}
+
 // The x8 layout of native/src/quant.cpp: groups of 8 rows, per block the 8 rows' scales
 // (f16 d, then m for Q4_1; f32 d, then m for the float-scaled blocks) and then 4 bytes of
 // each row at a time.
@@ -469,6 +534,8 @@ int main(int argc, char **argv) {
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
+    for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K})
+      for (long rows : {1L, 3L, 9L}) test_k_linear(s, qt, rows);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);
     run += s.run;
