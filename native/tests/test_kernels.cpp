@@ -376,6 +376,19 @@ Weights make_weights(int qt, long n, long k) {
   return w;
 }
 
+// x [rows, k] @ deq [n, k]^T + bias, in double
+std::vector<double> reference_linear(const std::vector<double> &deq, const std::vector<double> &x,
+                                     const std::vector<float> &bias, long rows, long n, long k) {
+  std::vector<double> ref(rows * n);
+  for (long t = 0; t < rows; ++t)
+    for (long j = 0; j < n; ++j) {
+      double acc = bias[j];
+      for (long i = 0; i < k; ++i) acc += deq[j * k + i] * x[t * k + i];
+      ref[t * n + j] = acc;
+    }
+  return ref;
+}
+
 // A [n, k] matrix of GGUF K-quant super-blocks (Q4_K 144, Q5_K 176, Q6_K 210 bytes a 256
 // values): random codes and 6/8-bit scales, normal f16 d (and dmin), dequantized as the GGUF
 // reference (ggml's dequantize_row_q*_K) does, written here from its layout.
@@ -426,13 +439,7 @@ void test_k_linear(Suite &s, int qt, long rows) {
   const long n = 21, k = 512;
   Weights w = make_k_weights(qt, n, k);
   auto x = randn(rows * k), bias = randn(n);
-  std::vector<double> ref(rows * n);
-  for (long t = 0; t < rows; ++t)
-    for (long j = 0; j < n; ++j) {
-      double acc = bias[j];
-      for (long i = 0; i < k; ++i) acc += w.deq[j * k + i] * x[t * k + i];
-      ref[t * n + j] = acc;
-    }
+  std::vector<double> ref = reference_linear(w.deq, std::vector<double>(x.begin(), x.end()), bias, rows, n, k);
   std::vector<float> out(rows * n);
   const int status = s.fn<Linear>("linear")(qt, w.bytes.data(), NULL, n, k, F32, x.data(), k, rows, out.data(),
                                             bias.data(), F32, 2);
@@ -475,13 +482,7 @@ void test_linear(Suite &s, int qt, long rows, bool int8_act) {
         const float dd = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
         for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = dd * roundf(x[r * k + b * 32 + i] * id);
       }
-  std::vector<double> ref(rows * n);
-  for (long t = 0; t < rows; ++t)
-    for (long j = 0; j < n; ++j) {
-      double acc = bias[j];
-      for (long i = 0; i < k; ++i) acc += w.deq[j * k + i] * xq[t * k + i];
-      ref[t * n + j] = acc;
-    }
+  std::vector<double> ref = reference_linear(w.deq, xq, bias, rows, n, k);
   const std::vector<uint8_t> wbytes = int8_act ? interleave_x8(qt, w.bytes, n, k) : w.bytes;
   std::vector<float> scales = w.scales;
   if (int8_act && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
