@@ -15,6 +15,9 @@ namespace CK_NS {
 
 static const int kRows = 8;    // activation rows sharing one decode of a weight block
 static const long kXRows = 64;  // activation rows a thread runs its weight rows over at a time
+// bytes ahead of the weight row stream to prefetch (rows are contiguous: past a row's end
+// are the next rows')
+static const long kPrefetchAhead = 2048;
 
 #if defined(CK_V8)
 // block b of a weight row, dequantized as 4 vectors of 8: elements 0-7, 8-15, 16-23, 24-31
@@ -164,6 +167,7 @@ static inline void row_dot16(const uint8_t *wr, const float *x, long xs, long nb
   const long bb = block_bytes(QT);
   for (long b = 0; b < nb; ++b) {
     __m512 w[2];
+    __builtin_prefetch(wr + b * bb + kPrefetchAhead);
     decode_block16<QT>(wr + b * bb, w);
     for (int t = 0; t < TT; ++t) {
       const float *xb = x + t * xs + b * kBlock;
@@ -194,6 +198,7 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
     for (int a = 0; a < A; ++a) acc[t][a] = v8_zero();
   for (long b = 0; b < nb; ++b) {
     v8 w[4];
+    __builtin_prefetch(wr + (is_k(QT) ? b / 8 * super_bytes(QT) : b * block_bytes(QT)) + kPrefetchAhead);
     decode_block<QT>(wr, b, w);
     for (int t = 0; t < TT; ++t) {
       const float *xb = x + t * xs + b * kBlock;
