@@ -198,7 +198,6 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
     for (int a = 0; a < A; ++a) acc[t][a] = v8_zero();
   for (long b = 0; b < nb; ++b) {
     v8 w[4];
-    __builtin_prefetch(wr + (is_k(QT) ? b / 8 * super_bytes(QT) : b * block_bytes(QT)) + kPrefetchAhead);
     decode_block<QT>(wr, b, w);
     for (int t = 0; t < TT; ++t) {
       const float *xb = x + t * xs + b * kBlock;
