@@ -105,6 +105,18 @@ static inline __m256i bcast4(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
+// signed byte codes fed to vpdpbusd as q + 128 (one xor for all the activation rows instead
+// of a sign flip per row), the 128 taken back with the activation sums as a min of -128 d;
+// not without VNNI: vpmaddubsw would saturate 2 x 255 x 127
+template <int QT>
+static constexpr bool offset_codes() {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return signed_codes<QT>() && !half_scales<QT>();
+#else
+  return false;
+#endif
+}
+
 // s += the 4-byte dot products of unsigned u with signed s8 in each 32-bit lane
 static inline __m256i dot4_add(__m256i s, __m256i u, __m256i s8) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -160,10 +172,13 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
       if (half_scales<QT>() && c == 4)
         for (int t = 0; t < TT; ++t) lo32[t] = s32[t], s32[t] = _mm256_setzero_si256();
       const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-      const __m256i u = signed_codes<QT>() ? _mm256_sign_epi8(v, v) : v;
+      const bool flip = signed_codes<QT>() && !offset_codes<QT>();
+      const __m256i u = offset_codes<QT>() ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80))
+                        : flip             ? _mm256_sign_epi8(v, v)
+                                           : v;
       for (int t = 0; t < TT; ++t) {
         const __m256i av = bcast4(aq[t] + 4 * c);
-        s32[t] = dot4_add(s32[t], u, signed_codes<QT>() ? _mm256_sign_epi8(av, v) : av);
+        s32[t] = dot4_add(s32[t], u, flip ? _mm256_sign_epi8(av, v) : av);
         __asm__("" : "+x"(s32[t]));  // (as above)
       }
     }
@@ -188,11 +203,12 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
   }
   if (QT == CK_Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
   if (QT == CK_Q4_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  // d * (q - 8)
+  if (offset_codes<QT>()) m = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));  // d * ((q + 128) - 128)
   for (int t = 0; t < TT; ++t) {
     const long ai = (t0 + t) * a.nb + b;
     const __m256 dot = _mm256_cvtepi32_ps(s32[t]);
     acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a.d[ai])), acc[t]);
-    if (has_min<QT>()) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), acc[t]);
+    if (has_min<QT>() || offset_codes<QT>()) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ai]), acc[t]);
   }
 }
 
