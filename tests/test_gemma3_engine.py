@@ -63,3 +63,21 @@ def test_gemma3_270m_engine_matches_transformers_past_the_window(gemma_270m):
             if a != b:  # a near-tie may flip; both must be in the other's top 5
                 assert b in ours.logprobs[step] and a in hf_logprobs[step].topk(5).indices.tolist(), f"step {step}"
                 break
+
+
+@pytest.mark.slow
+def test_gemma3_270m_int8_activations_stay_near_transformers(gemma_270m, monkeypatch):
+    """``CORE_CPU_QUANT_ACTIVATIONS=1``: the file's Q4_K, Q6_K and Q5_0 tensors rewritten as
+    float-scaled x8 blocks, int8 activations. Not exact, so each greedy token must be in
+    transformers' top 5 after the same prefix, and most of them its first choice."""
+    monkeypatch.setenv("CORE_CPU_QUANT_ACTIVATIONS", "1")
+    prompt = [2, 818, 5279, 529, 7001, 563]  # "<bos>The capital of France is"
+    llm = LLM(model=str(gemma_270m), device="auto", dtype="float32", skip_tokenizer_init=True, max_model_len=256)
+    assert llm.engine.platform.kernels.quantize_activations
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ours = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)[0].outputs[0].token_ids
+    with torch.inference_mode():
+        logits = hf_model(gemma_270m)(torch.tensor([prompt + ours[:-1]])).logits[0, len(prompt) - 1 :]
+    top5 = logits.topk(5).indices.tolist()
+    assert all(token in best for token, best in zip(ours, top5, strict=True)), (ours, top5)
+    assert sum(token == best[0] for token, best in zip(ours, top5, strict=True)) >= 10, (ours, top5)
