@@ -81,3 +81,16 @@ def test_gemma3_270m_int8_activations_stay_near_transformers(gemma_270m, monkeyp
     top5 = logits.topk(5).indices.tolist()
     assert all(token in best for token, best in zip(ours, top5, strict=True)), (ours, top5)
     assert sum(token == best[0] for token, best in zip(ours, top5, strict=True)) >= 10, (ours, top5)
+
+
+@pytest.mark.slow
+def test_gemma3_270m_chat_format_without_a_template_in_the_file(gemma_270m):
+    """The packaged file has no tokenizer.chat_template: the engine falls back to Gemma 3's chat
+    format (as llama.cpp does for the architecture) and also stops at <end_of_turn>."""
+    llm = LLM(model=str(gemma_270m), device="auto", dtype="float32", max_model_len=256)
+    tokenizer = llm.engine.tokenizer
+    assert llm.engine.loaded.eos_token_ids == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    ids = llm.engine.apply_chat_template(messages)
+    assert tokenizer.decode(ids) == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert ids.count(tokenizer.bos_token_id) == 1

@@ -7,6 +7,7 @@ and disconnects exactly. ``test_server.py`` covers the real engine.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -17,9 +18,11 @@ import httpx
 import pytest
 import uvicorn
 from core.async_engine import AsyncEngine
+from core.cli import chat_template_arg
 from core.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from core.server.app import build_app
 from core.server.frontend import Frontend
+from core.server.protocol import ChatMessage
 
 VOCAB = 128
 
@@ -48,8 +51,10 @@ class FakeEngine:
         self.arrivals: dict[str, tuple[float, float]] = {}  # request id -> (its arrival stamp, when it was added)
         self.step_seconds = step_seconds
         self.num_finished = 0
+        self.chat_templates: list[str | None] = []  # each apply_chat_template call's
 
     def apply_chat_template(self, messages, add_generation_prompt=True, chat_template=None):
+        self.chat_templates.append(chat_template)
         return self.tokenizer.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + ">")
 
     def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, arrival_time=None, priority=0):
@@ -240,3 +245,23 @@ def test_disconnect_aborts_and_queue_limit(fake_server):
         time.sleep(0.01)
     assert not fake_server.engine.requests  # every stream the clients left was aborted
     assert fake_server.fe.num_queued == 0
+
+
+def test_serve_chat_template_is_the_default_of_chat_requests(tmp_path):
+    """``core serve --chat-template``: a file's text or an inline template, used by chat requests
+    that bring none; a request's own template wins."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert chat_template_arg(str(template)) == "{{ messages[0]['content'] }}"
+    assert chat_template_arg("{% for m in messages %}{{ m['content'] }}{% endfor %}").startswith("{% for")
+    with pytest.raises(argparse.ArgumentTypeError, match="neither a file nor a Jinja template"):
+        chat_template_arg(str(tmp_path / "missing.jinja"))
+    engine = FakeEngine()
+    fe = Frontend(AsyncEngine(lambda: engine), "fake", max_queue_len=4, chat_template="{{ server }}")
+    try:
+        messages = [ChatMessage(role="user", content="hi")]
+        asyncio.run(fe.render_chat(messages, True, None))
+        asyncio.run(fe.render_chat(messages, True, "{{ own }}"))
+    finally:
+        fe.shutdown()
+    assert engine.chat_templates == ["{{ server }}", "{{ own }}"]

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from plugins import EnvConfigError, PluginError
 
@@ -148,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 503")
     serve.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.add_argument(
+        "--chat-template",
+        type=chat_template_arg,
+        default=None,
+        help="a Jinja chat template, or a file holding one, for chat requests that bring none (default: the model's)",
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=float,
         default=5.0,
@@ -157,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return parser
+
+
+def chat_template_arg(value: str) -> str:
+    """``--chat-template``: a file's text, or the value itself when it is a Jinja template."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is neither a file nor a Jinja template")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,7 +104,10 @@ class LLMEngine:
             raise ValueError("this engine was started without a tokenizer: chat needs one")
         template = chat_template or self.tokenizer.chat_template
         if template is None:
-            raise ValueError(f"model {self.loaded.name} has no chat template; pass chat_template")
+            raise ValueError(
+                f"model {self.loaded.name} has no chat template; pass one (the request's chat_template, "
+                "or core serve --chat-template)"
+            )
         text = self.tokenizer.apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
         )

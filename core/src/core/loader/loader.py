@@ -185,6 +185,13 @@ def _finish(
         for token in found if isinstance(found, list) else [found]:
             if token is not None and token not in eos:
                 eos.append(int(token))
+    if tokenizer is not None:  # the architecture's chat format where the checkpoint brings none
+        if not tokenizer.chat_template and model.default_chat_template:
+            tokenizer.chat_template = model.default_chat_template
+        for text in model.end_of_turn_tokens:
+            token = tokenizer.convert_tokens_to_ids(text)
+            if isinstance(token, int) and token != tokenizer.unk_token_id and token not in eos:
+                eos.append(token)
     return LoadedModel(
         model=model,
         hf_config=config,

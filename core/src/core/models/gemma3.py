@@ -73,11 +73,28 @@ class Gemma3DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
+#: Gemma 3's chat format for text (a system message opens the first user turn), as its
+#: Hugging Face tokenizer_config.json writes it
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set first = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """Gemma 3's text decoder on a platform's kernels (see the module docstring)."""
 
     #: no Llama-family description for native runners: run eagerly
     describe = None
+    default_chat_template = CHAT_TEMPLATE
+    end_of_turn_tokens = ("<end_of_turn>",)
 
     def __init__(
         self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None

@@ -100,6 +100,12 @@ class LlamaForCausalLM(nn.Module):
     (:mod:`core.distributed.sharding`); its KV caches hold its own KV heads.
     """
 
+    #: the chat template of a checkpoint that brings none (a GGUF file without
+    #: ``tokenizer.chat_template``), as llama.cpp falls back to its template for the architecture
+    default_chat_template: str | None = None
+    #: tokens that end a chat turn, stop tokens beside the checkpoint's EOS where the vocabulary has them
+    end_of_turn_tokens: tuple[str, ...] = ()
+
     @classmethod
     def layer_windows(cls, config: Any) -> list[int | None]:
         """Each layer's attention window in tokens (None: the whole context), from the config alone.

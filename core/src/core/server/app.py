@@ -188,7 +188,7 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         num_tokens,
         num_tokens / llm.config.max_model_len,
     )
-    fe = Frontend(engines, model_name, args.max_queue_len)
+    fe = Frontend(engines, model_name, args.max_queue_len, args.chat_template)
     app = build_app(fe, args.api_key, args.max_request_bytes)
     uv_config = uvicorn.Config(
         app,

@@ -48,8 +48,14 @@ class Frontend:
     :param engines: one engine, or the data-parallel replicas (the same model and settings).
     """
 
-    def __init__(self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int) -> None:
+    def __init__(
+        self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int,
+        chat_template: str | None = None,
+    ) -> None:  # fmt: skip
+        """``chat_template``: the template of chat requests that bring none (``core serve --chat-template``);
+        None: the model's own."""
         self.replicas = engines if isinstance(engines, list) else [engines]
+        self.chat_template = chat_template
         self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
         llm = self.engine.engine
         self.model_name = model_name
@@ -145,7 +151,9 @@ class Frontend:
         ]
         llm = self.engine.engine
         try:
-            return await self._in_tokenizer_thread(llm.apply_chat_template, plain, add_generation_prompt, chat_template)
+            return await self._in_tokenizer_thread(
+                llm.apply_chat_template, plain, add_generation_prompt, chat_template or self.chat_template
+            )
         except ValueError:
             raise
         except Exception as exc:  # jinja errors (a template's raise_exception, syntax) are the request's fault
