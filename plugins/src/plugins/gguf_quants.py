@@ -58,49 +58,12 @@ def _q5_high(qh: torch.Tensor) -> torch.Tensor:
     return bits << 4
 
 
-def _q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = (_nibbles(b[:, 6:], 16).reshape(b.shape[0], 32) | _q5_high(b[:, 2:6])).to(torch.int8) - 16
-    return _f16(b[:, :2]) * q.float()
-
-
-def _q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = (_nibbles(b[:, 8:], 16).reshape(b.shape[0], 32) | _q5_high(b[:, 4:8])).float()
-    return _f16(b[:, :2]) * q + _f16(b[:, 2:4])
-
-
 def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 8 six-bit scales and mins of a Q4_K/Q5_K super-block, packed in 12 bytes."""
     d, m, m_d = scales.reshape(-1, 3, 4).unbind(1)
     sc = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
     mins = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=-1)
     return sc.float().unsqueeze(-1), mins.float().unsqueeze(-1)
-
-
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
-    sc, mins = _k_scales(b[:, 4:16])
-    d, dm = _f16(b[:, :2]).unsqueeze(-1) * sc, _f16(b[:, 2:4]).unsqueeze(-1) * mins
-    q = _nibbles(b[:, 16:], 32).reshape(b.shape[0], 8, 32).float()
-    return (d * q - dm).reshape(b.shape[0], QK_K)
-
-
-def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    sc, mins = _k_scales(b[:, 4:16])
-    d, dm = _f16(b[:, :2]).unsqueeze(-1) * sc, _f16(b[:, 2:4]).unsqueeze(-1) * mins
-    low = _nibbles(b[:, 48:], 32).reshape(b.shape[0], 8, 32)
-    high = _bits(b[:, 16:48], 8, 1)  # bit j of byte i: value i of sub-block j
-    q = (low | (high << 4)).float()
-    return (d * q - dm).reshape(b.shape[0], QK_K)
-
-
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    ql, qh = b[:, :128], b[:, 128:192]
-    scales = b[:, 192:208].contiguous().view(torch.int8).float()
-    d = (_f16(b[:, 208:210]) * scales).reshape(n, 16, 1)
-    low = _nibbles(ql.reshape(n * 2, 64), 64).reshape(n, 8, 32)
-    high = _bits(qh.reshape(n * 2, 32), 4, 2).reshape(n, 8, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
-    return (d * q).reshape(n, QK_K)
 
 
 def _affine_q5(b: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -125,6 +88,24 @@ def _affine_q6_k(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     q = (low | (high << 4)).to(torch.int8) - 32
     d = _f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()
     return q.reshape(-1, 32), d.reshape(-1, 2), torch.zeros(n * 8, 1)
+
+
+def _q5_0(b: torch.Tensor) -> torch.Tensor:  # d * (q - 16), rounded as the reference (not d * q - 16 d)
+    q, d, _ = _affine_q5(b, 2)
+    return d * (q.to(torch.int8) - 16).float()
+
+
+def _from_affine(codes: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """The block dequantizer of a format whose values are ``scale * code + offset`` (the
+    reference's float32 operations: ``d * q + m``, ``d * q - dmin * min``, ``d * (q - 32)``)."""
+
+    def blocks(b: torch.Tensor) -> torch.Tensor:
+        q, scale, offset = codes(b)
+        n = q.shape[0]
+        values = q.float().view(n, 2, 16) * scale.expand(n, 2).unsqueeze(-1)
+        return (values.view(n, 32) + offset).reshape(b.shape[0], -1)
+
+    return blocks
 
 
 #: qtype -> blocks -> (codes [blocks of 32, 32], scales [.., 1 or 2 halves], offsets [.., 1])
@@ -162,10 +143,10 @@ FORMATS: dict[str, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
     "Q4_0": (32, 18, _q4_0),
     "Q4_1": (32, 20, _q4_1),
     "Q5_0": (32, 22, _q5_0),
-    "Q5_1": (32, 24, _q5_1),
-    "Q4_K": (QK_K, 144, _q4_k),
-    "Q5_K": (QK_K, 176, _q5_k),
-    "Q6_K": (QK_K, 210, _q6_k),
+    "Q5_1": (32, 24, _from_affine(_AFFINE["Q5_1"])),
+    "Q4_K": (QK_K, 144, _from_affine(_AFFINE["Q4_K"])),
+    "Q5_K": (QK_K, 176, _from_affine(_AFFINE["Q5_K"])),
+    "Q6_K": (QK_K, 210, _from_affine(_AFFINE["Q6_K"])),
 }
 
 
