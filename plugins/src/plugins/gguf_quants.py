@@ -66,10 +66,12 @@ def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.float().unsqueeze(-1), mins.float().unsqueeze(-1)
 
 
-def _affine_q5(b: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q = _nibbles(b[:, offset + 4 :], 16).reshape(b.shape[0], 32) | _q5_high(b[:, offset : offset + 4])
+def _affine_q5(b: torch.Tensor, with_min: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q5_1 (``with_min``: f16 d, m, then the high bits) or Q5_0 (f16 d, then the high bits; m = -16 d)."""
+    qh = 4 if with_min else 2
+    q = _nibbles(b[:, qh + 4 :], 16).reshape(b.shape[0], 32) | _q5_high(b[:, qh : qh + 4])
     d = _f16(b[:, :2])
-    return q, d, _f16(b[:, 2:4]) if offset == 4 else -16.0 * d
+    return q, d, _f16(b[:, 2:4]) if with_min else -16.0 * d
 
 
 def _affine_k(b: torch.Tensor, five_bits: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,7 +93,7 @@ def _affine_q6_k(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def _q5_0(b: torch.Tensor) -> torch.Tensor:  # d * (q - 16), rounded as the reference (not d * q - 16 d)
-    q, d, _ = _affine_q5(b, 2)
+    q, d, _ = _affine_q5(b, False)
     return d * (q.to(torch.int8) - 16).float()
 
 
@@ -110,8 +112,8 @@ def _from_affine(codes: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
 
 #: qtype -> blocks -> (codes [blocks of 32, 32], scales [.., 1 or 2 halves], offsets [.., 1])
 _AFFINE: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
-    "Q5_0": lambda b: _affine_q5(b, 2),
-    "Q5_1": lambda b: _affine_q5(b, 4),
+    "Q5_0": lambda b: _affine_q5(b, False),
+    "Q5_1": lambda b: _affine_q5(b, True),
     "Q4_K": lambda b: _affine_k(b, False),
     "Q5_K": lambda b: _affine_k(b, True),
     "Q6_K": _affine_q6_k,

@@ -46,14 +46,14 @@ class Frontend:
     """The server's view of its engine replicas: model name, limits, tokenizer, admission, routing, streams.
 
     :param engines: one engine, or the data-parallel replicas (the same model and settings).
+    :param chat_template: the template of chat requests that bring none (``core serve
+        --chat-template``); None: the model's own.
     """
 
     def __init__(
         self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int,
         chat_template: str | None = None,
     ) -> None:  # fmt: skip
-        """``chat_template``: the template of chat requests that bring none (``core serve --chat-template``);
-        None: the model's own."""
         self.replicas = engines if isinstance(engines, list) else [engines]
         self.chat_template = chat_template
         self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
