@@ -271,9 +271,6 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 // activation rows x weight rows of the panel kernel's register tile: 4 x 3 = 12 accumulators
 // (6 x 2 and 3 x 4 measured 2.5% slower at 32 rows on Zen 1, equal at 512; 32 = 8 x 4, no tail)
 static const int kPanelX = 4, kPanelW = 3;
-// from this many activation rows on, the panel kernel (row_dot's code for 7 rows ran 1.4x
-// slower than the panel's)
-static const long kPanelMin = 7;
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over
 // k with TX * RW accumulators (4 x 3 = 12 registers, + 3 for the weights, 1 for x);
@@ -313,12 +310,16 @@ static inline void panel_rows(const float *wp, long k, const float *x, long xs, 
 // dequantized into an L1 panel of float32, then multiplied into a block of activation
 // rows, kPanelX at a time, with a register tile (the FMA:load ratio of a GEMM micro-
 // kernel, where row_dot reloads x for every weight row); the block of x stays in L2
-// across the weight rows. Returns -1 if the panel buffer could not be had.
+// across the weight rows. QT may be an x8 code (CK_ACT16 calls): each row's blocks are then
+// gathered from its lane of the groups (blocks.h: x8_row_block) and decoded as stored.
+// Returns -1 if the panel buffer could not be had.
 template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-  const long rb = row_bytes(QT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
+  constexpr bool x8 = QT >= CK_X8 && QT <= CK_INT8X8;
+  constexpr int RQT = x8 ? QT - CK_X8 : QT;  // the row format
+  const long rb = row_bytes(RQT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
   xblock = xblock < kPanelX ? kPanelX : xblock;
@@ -338,7 +339,13 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
         for (long r = 0; r < rw && QT != CK_F32W; ++r)
           for (long b = 0; b < nb; ++b) {
             v8 v[4];
-            decode_block<QT>(w + (j + r) * rb, b, v);
+            if constexpr (x8) {
+              uint8_t stored[34];  // the largest block: Q8_0's
+              x8_row_block<RQT>(w, nb, j + r, b, stored);
+              decode_block<RQT>(stored, 0, v);
+            } else {
+              decode_block<QT>(w + (j + r) * rb, b, v);
+            }
             for (int q = 0; q < 4; ++q) v8_store(wp + r * k + b * kBlock + 8 * q, v[q]);
           }
         float scale[kPanelW], bj[kPanelW];
@@ -422,6 +429,12 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
     case CK_Q5_0: return matmul_float_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q5_1: return matmul_float_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_E4M3W: return matmul_float_act<CK_E4M3W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+#if defined(CK_V8)  // x8 weights (CK_ACT16), from kPanelMin rows: the panel kernel only
+    case CK_Q8_0X8: return gemm_panel<CK_Q8_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_0X8: return gemm_panel<CK_Q4_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_1X8: return gemm_panel<CK_Q4_1X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_INT8X8: return gemm_panel<CK_INT8X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+#endif
     default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }
@@ -437,6 +450,8 @@ extern "C" {
 // row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32 (of 256
 // for the K-quants).
 // qt CK_F32W: W is a plain row-major float32 matrix.
+// qt an x8 code of Q8_0, Q4_0, Q4_1 or int8 (CK_ACT16 calls from kPanelMin rows, SIMD builds
+// only): W in the x8 layout (quant.cpp).
 // Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,

@@ -22,6 +22,7 @@
 //   Q4FX8: d[8] f32, m[8] f32, then as Q4_1;  U8FX8: d[8] f32, m[8] f32, then as Q8_0 (codes
 //   0..63: a vpmaddubsw pair stays below 2^15);  S8FX8: d0[8] f32, d1[8] f32, then as Q8_0
 // Rows past n in the last group are zeros and never written out.
+#include <limits.h>
 #include <stdlib.h>
 
 #include "blocks.h"
@@ -38,6 +39,15 @@ static const int kGroup = 8;     // weight rows interleaved together (one per 32
 static const int kTile = 8;
 #else
 static const int kTile = 4;
+#endif
+// CK_ACT16 calls of this many activation rows or more run the float32 panel kernel instead
+// (matvec.cpp). AVX-512VL builds: never (Zen 4, one thread, 1536 x 576 Q4_0 and Q8_0: int16
+// 1.6x the panel's speed at 8 rows, 1.25-1.35x at 128); other builds from kPanelMin (the AVX2
+// build on that CPU: int16 on Q8_0 0.86x the panel at 8 rows, 0.64x at 128; no VNNI there).
+#if defined(__AVX512VL__)
+static const long kAct16PanelMin = LONG_MAX;
+#else
+static const long kAct16PanelMin = kPanelMin;
 #endif
 static const long kXBlock = 64;  // activation rows a thread runs its weight groups over at a time
 // bytes ahead of a group's blocks to prefetch: the hardware prefetcher alone left a
@@ -84,6 +94,44 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
         a.s[r * a.nb + b] = d * (float)sum;
       }
     }
+  });
+}
+
+// CK_ACT16: activations rounded to int16 per block of 32, v = round(x / d) with
+// d = max|x| / 32512 (x to 2^-16 of its block's largest magnitude), and written as two int8
+// rows, v = 255 h + l with |h|, |l| <= 127: row 2r holds h with scale 255 d, row 2r + 1 holds
+// l with scale d. The x8 kernel's products with the two rows, summed, are then its product
+// with v d (int8 codes and sums as the kernel takes them: no second kernel per ISA).
+template <typename T>
+static void quantize_rows16(const T *x, long x_stride, long rows, long k, QAct a, int nthreads) {
+  parallel_for(rows, 16, nthreads, rows * k >= (1L << 16), [&](long lo, long hi) {
+    for (long r = lo; r < hi; ++r)
+      for (long b = 0; b < a.nb; ++b) {
+        const T *xb = x + r * x_stride + b * kBlock;
+        int8_t *qh = a.q + 2 * r * k + b * kBlock, *ql = qh + k;
+        float amax = 0.0f;
+        for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
+        const float levels = 32512.0f;  // 127 * 256
+        const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
+        int sh = 0, sl = 0;
+#pragma omp simd reduction(+ : sh, sl)
+        for (int i = 0; i < kBlock; ++i) {
+          const float v = to_f32(xb[i]) * id;
+          int vi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+          vi = vi > 32512 ? 32512 : vi < -32512 ? -32512 : vi;
+          const float hf = (float)vi * (1.0f / 255.0f);  // never within 2^-9 of a tie: |l| <= 127
+          const int h = (int)(hf + (hf >= 0.0f ? 0.5f : -0.5f)), l = vi - 255 * h;
+          qh[i] = (int8_t)h;
+          ql[i] = (int8_t)l;
+          sh += h;
+          sl += l;
+        }
+        const long hb = 2 * r * a.nb + b, lb = hb + a.nb;
+        a.d[hb] = 255.0f * d;
+        a.s[hb] = 255.0f * d * (float)sh;
+        a.d[lb] = d;
+        a.s[lb] = d * (float)sl;
+      }
   });
 }
 
@@ -353,9 +401,11 @@ static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, 
 }
 #endif
 
+// out[rows / split, n]: split 2 (CK_ACT16) sums the products of activation rows 2t and 2t + 1
+// into output row t (the tiles and x blocks hold whole pairs: both even)
 template <int QT, typename T>
 static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, long rows, long n,
-                      long k, T *out, const void *bias, int bias_dt, int nthreads) {
+                      long k, T *out, const void *bias, int bias_dt, int split, int nthreads) {
   const long groups = (n + kGroup - 1) / kGroup, gbytes = a.nb * kGroup * block_bytes(QT);
   const long chunk = (row_chunk(n, nthreads) + kGroup - 1) / kGroup;  // in groups
   parallel_for(groups, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
@@ -379,9 +429,11 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
             case 7: group_dot<QT, 7>(wg, a, t0, k, sums); break;
             default: group_dot<QT, 8>(wg, a, t0, k, sums); break;
           }
-          for (long t = 0; t < tt; ++t)
-            for (long r = 0; r < nr; ++r)
-              from_f32(sums[t * kGroup + r] * scale[r] + bj[r], &out[(t0 + t) * n + j0 + r]);
+          for (long t = 0; t < tt; t += split)
+            for (long r = 0; r < nr; ++r) {
+              const float sum = split == 2 ? sums[t * kGroup + r] + sums[(t + 1) * kGroup + r] : sums[t * kGroup + r];
+              from_f32(sum * scale[r] + bj[r], &out[(t0 + t) / split * n + j0 + r]);
+            }
         }
       }
     }
@@ -390,37 +442,46 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
 
 template <typename T>
 static void matmul_typed(int qt, const uint8_t *w, const float *rs, const QAct &a, long rows,
-                         long n, long k, void *out, const void *bias, int bias_dt, int nt) {
+                         long n, long k, void *out, const void *bias, int bias_dt, int split, int nt) {
   T *o = (T *)out;
   switch (qt) {
-    case CK_Q8_0X8: matmul_x8<CK_Q8_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    case CK_Q4_0X8: matmul_x8<CK_Q4_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    case CK_Q4_1X8: matmul_x8<CK_Q4_1, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    case CK_Q4FX8: matmul_x8<CK_Q4FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    case CK_U8FX8: matmul_x8<CK_U8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    case CK_S8FX8: matmul_x8<CK_S8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
-    default: matmul_x8<CK_INT8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, nt); break;
+    case CK_Q8_0X8: matmul_x8<CK_Q8_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    case CK_Q4_0X8: matmul_x8<CK_Q4_0, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    case CK_Q4_1X8: matmul_x8<CK_Q4_1, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    case CK_Q4FX8: matmul_x8<CK_Q4FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    case CK_U8FX8: matmul_x8<CK_U8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    case CK_S8FX8: matmul_x8<CK_S8FX8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
+    default: matmul_x8<CK_INT8, T>(w, rs, a, rows, n, k, o, bias, bias_dt, split, nt); break;
   }
 }
 
-// int8-activation product on x8 weights; -1 if the activation buffer could not be had
+// int8-activation product on x8 weights (int16 with act16); -1 if the activation buffer could
+// not be had
 static int quant_matmul(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                         const void *x, long x_stride, long rows, void *out, const void *bias,
-                        int bias_dtype, bool per_row, int nthreads) {
+                        int bias_dtype, bool per_row, bool act16, int nthreads) {
   QAct a;
   a.nb = k / kBlock;
-  char *buf = (char *)malloc(rows * k + 2 * rows * a.nb * sizeof(float));
+  const int split = act16 ? 2 : 1;
+  const long qrows = split * rows;  // int8 activation rows
+  char *buf = (char *)malloc(qrows * k + 2 * qrows * a.nb * sizeof(float));
   if (!buf) return -1;
   a.d = (float *)buf;
-  a.s = a.d + rows * a.nb;
-  a.q = (int8_t *)(a.s + rows * a.nb);
+  a.s = a.d + qrows * a.nb;
+  a.q = (int8_t *)(a.s + qrows * a.nb);
   const uint8_t *wb = (const uint8_t *)w;
   if (dtype == CK_F32) {
-    quantize_rows<float>((const float *)x, x_stride, rows, k, a, per_row, nthreads);
-    matmul_typed<float>(qt, wb, row_scale, a, rows, n, k, out, bias, bias_dtype, nthreads);
+    if (act16)
+      quantize_rows16<float>((const float *)x, x_stride, rows, k, a, nthreads);
+    else
+      quantize_rows<float>((const float *)x, x_stride, rows, k, a, per_row, nthreads);
+    matmul_typed<float>(qt, wb, row_scale, a, qrows, n, k, out, bias, bias_dtype, split, nthreads);
   } else {
-    quantize_rows<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, per_row, nthreads);
-    matmul_typed<bf16_t>(qt, wb, row_scale, a, rows, n, k, out, bias, bias_dtype, nthreads);
+    if (act16)
+      quantize_rows16<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, nthreads);
+    else
+      quantize_rows<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, per_row, nthreads);
+    matmul_typed<bf16_t>(qt, wb, row_scale, a, qrows, n, k, out, bias, bias_dtype, split, nthreads);
   }
   free(buf);
   return 0;
@@ -432,19 +493,37 @@ using namespace CK_NS;
 
 extern "C" {
 
+// 1 where this build's x8 kernel is vectorized (AVX2 and up, NEON with the dot-product
+// extension), 0 where it is the portable loop: the default path (CK_ACT16) is then slower on
+// x8 weights than matvec.cpp's float32 kernels on the weights as stored.
+int CK_FN(x8_vectorized)(void) {
+#if defined(CK_GROUP_SIMD)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 // out[rows, n] (dtype, contiguous) = x[rows, k] (row stride x_stride) @ W^T (+ bias).
 // W: n rows in format qt (blocks.h); row_scale: per-row scales for CK_INT8 and
 // CK_INT8X8, else NULL. k must be a multiple of 32. The x8 formats take int8
-// activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt; the
-// others float32 ones (matvec.cpp). Returns 0, or -1 if a scratch buffer could not be had.
+// activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt, or with
+// CK_ACT16 added (x8 Q8_0, Q4_0, Q4_1, int8) int16 ones, or float32 ones from kAct16PanelMin
+// rows (blocks.h); the others float32 ones (matvec.cpp). Returns 0, or -1 if a scratch
+// buffer could not be had.
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads) {
-  const bool per_row = (qt & CK_PER_TOKEN) != 0;
-  qt &= ~CK_PER_TOKEN;
+  const bool per_row = (qt & CK_PER_TOKEN) != 0, act16 = (qt & CK_ACT16) != 0;
+  qt &= ~((int)CK_PER_TOKEN | (int)CK_ACT16);
+#if defined(CK_V8)
+  if (act16 && rows >= kAct16PanelMin)
+    return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
+                                 bias_dtype, nthreads);
+#endif
   if (is_x8(qt))
     return quant_matmul(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype,
-                        per_row, nthreads);
+                        per_row, act16, nthreads);
   return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
                                  bias_dtype, nthreads);
 }

@@ -469,29 +469,40 @@ std::vector<uint8_t> interleave_x8(int qt, const std::vector<uint8_t> &rows, lon
   return out;
 }
 
-void test_linear(Suite &s, int qt, long rows, bool int8_act) {
+// how test_linear calls the kernel: weights as stored (float32 activations), or in the x8
+// layout with int8 activations or with CK_ACT16 (int16 below 7 rows, float32 from there)
+enum Act { kFloatAct, kInt8Act, kAct16 };
+const int kAct16Flag = 128;  // blocks.h: CK_ACT16
+
+void test_linear(Suite &s, int qt, long rows, Act act) {
   const long n = 21, k = 96, nb = k / 32;
   Weights w = make_weights(qt, n, k);
   auto x = randn(rows * k), bias = randn(n);
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
-  if (int8_act)  // rounded to int8 per block of 32, as quant.cpp does
+  // rounded per block of 32 as quant.cpp does: to int8, or to int16 (127 * 256 levels) at every
+  // row count where quant.cpp's kAct16PanelMin is never (AVX-512 builds; the scalar build has
+  // no panel kernel), else below 7 rows
+  const bool all_int16 = s.isa == "scalar" || s.isa.rfind("avx512", 0) == 0;
+  const bool int16 = act == kAct16 && (rows < 7 || all_int16);
+  const float levels = act == kInt8Act ? 127.0f : int16 ? 32512.0f : 0.0f;
+  if (levels > 0.0f)
     for (long r = 0; r < rows; ++r)
       for (long b = 0; b < nb; ++b) {
         float amax = 0.0f;
         for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[r * k + b * 32 + i]));
-        const float dd = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        const float dd = amax / levels, id = amax > 0 ? levels / amax : 0.0f;
         for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = dd * roundf(x[r * k + b * 32 + i] * id);
       }
   std::vector<double> ref = reference_linear(w.deq, xq, bias, rows, n, k);
-  const std::vector<uint8_t> wbytes = int8_act ? interleave_x8(qt, w.bytes, n, k) : w.bytes;
+  const std::vector<uint8_t> wbytes = act != kFloatAct ? interleave_x8(qt, w.bytes, n, k) : w.bytes;
   std::vector<float> scales = w.scales;
-  if (int8_act && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
+  if (act != kFloatAct && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
   std::vector<float> out(rows * n);
-  const int code = float_scaled(qt) ? qt : qt + (int8_act ? X8 : 0);
+  const int code = float_scaled(qt) ? qt : qt + (act != kFloatAct ? X8 : 0) + (act == kAct16 ? kAct16Flag : 0);
   const int status = s.fn<Linear>("linear")(code, wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
-  const std::string name = std::string("linear ") + kFormatNames[qt] + (int8_act ? " x8/int8-act" : "") +
-                           " rows=" + std::to_string(rows);
+  const char *mode = act == kInt8Act ? " x8/int8-act" : act == kAct16 ? " x8/act16" : "";
+  const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows);
   if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
   s.check(name, out.data(), ref, 1e-4, 1e-4);
 }
@@ -534,11 +545,13 @@ int main(int argc, char **argv) {
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
-      for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, false);
+      for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kFloatAct);
     for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K})
       for (long rows : {1L, 3L, 9L}) test_k_linear(s, qt, rows);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
-      for (long rows : {1L, 5L}) test_linear(s, qt, rows, true);
+      for (long rows : {1L, 5L}) test_linear(s, qt, rows, kInt8Act);
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
+      for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kAct16);
     run += s.run;
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;

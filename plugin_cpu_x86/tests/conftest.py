@@ -47,6 +47,34 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
+def act16_quant(x: torch.Tensor) -> torch.Tensor:
+    """x with each block of 32 rounded to int16 levels of scale amax / 32512 (127 * 256)."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 32512
+    return (torch.round(xb / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
+
+
+def multiplied(kernels, prepared, x: torch.Tensor) -> torch.Tensor:
+    """The activations the default path multiplies ``prepared`` with: int16-rounded on x8 weights
+    (builds without AVX-512: below 7 rows; from there the float32 panel kernel), else ``x``."""
+    if getattr(prepared, "act16", False):
+        if x.shape[0] < 7 or kernels.isa.startswith("avx512"):
+            return act16_quant(x)
+    return x
+
+
+@pytest.fixture(name="multiplied")
+def multiplied_fixture(kernels):
+    """``multiplied(prepared, x)``: the activations the default path multiplies (:func:`multiplied`)
+    on the ``kernels`` of this test (``multiplied.kernels``)."""
+
+    def fn(prepared, x: torch.Tensor) -> torch.Tensor:
+        return multiplied(kernels, prepared, x)
+
+    fn.kernels = kernels
+    return fn
+
+
 @pytest.fixture(name="rand")
 def rand_fixture():
     """``rand(shape, dtype, gen, scale=1.0)``: normal random tensor (helpers are fixtures

@@ -4,7 +4,8 @@ Random weights are quantized and compressed by the ``compressed-tensors`` packag
 the SDK (:class:`plugins.int_quant.IntWeight`), prepared by the native kernels (repacked into
 INT8/Q8_0/Q4_0/Q4_1 blocks) and multiplied on every ISA path, at decode and prefill batch
 sizes. The yardstick is ``x @ W.T`` with ``W`` compressed-tensors' decompressed weight and,
-for W8A8, ``x`` rounded per token as compressed-tensors does. Tolerances: the block formats'
+for W8A8, ``x`` rounded per token as compressed-tensors does (on the default path, ``x``
+rounded to int16 per block where the kernel does: conftest's ``multiplied``). Tolerances: the block formats'
 float16 scales (2^-11 relative; Q4_1's ``m = -scale * (zero + 8)`` likewise, on up to 15x the
 scale), and W8A8's activation codes clamped to +-127 where compressed-tensors keeps -128 (the
 row's most negative element, when it is the row's largest in magnitude: half a level of it).
@@ -57,13 +58,17 @@ def assert_near(out, exact, tol, what):
     "case", list(CASES), ids=lambda c: f"w{c[0]}{'sym' if c[1] else 'asym'}g{c[2]}a{8 if c[3] else 16}"
 )
 @pytest.mark.parametrize("tokens", [1, 5, 40])
-def test_checkpoint_linear_matches_decompression(kernels, case, tokens):
+def test_checkpoint_linear_matches_decompression(kernels, multiplied, case, tokens):
     fmt, tol = CASES[case]
     weight, decompressed = make(*case)
     prepared = kernels.prepare_linear(weight, "compressed-tensors")
     assert type(prepared).__name__ == fmt or prepared.fmt == fmt
     if isinstance(prepared, QuantizedWeight):
-        assert prepared.interleaved == case[3]  # W8A8 runs the int8-activation kernel, per token
+        # W8A8 runs the int8-activation kernel, per token; the others the default path, int16
+        # activations on the x8 layout where this ISA's x8 kernel is vectorized
+        default_x8 = not case[3] and kernels.lib.x8_simd
+        assert prepared.per_token == case[3] and prepared.act16 == default_x8
+        assert prepared.interleaved == (case[3] or default_x8)
         assert_near(prepared.dequantize(), decompressed, tol, f"{fmt} weight")
     x = torch.randn(tokens, weight.cols, generator=torch.Generator().manual_seed(tokens))
     bias = torch.randn(weight.rows) * 0.1
@@ -71,7 +76,7 @@ def test_checkpoint_linear_matches_decompression(kernels, case, tokens):
         xd = x.to(dtype)
         out = kernels.linear(xd, prepared, bias.to(dtype))
         assert out.dtype == dtype and out.shape == (tokens, weight.rows)
-        exact = expected(xd, decompressed, case[3]) + bias.to(dtype).float()
+        exact = expected(multiplied(prepared, xd), decompressed, case[3]) + bias.to(dtype).float()
         assert_near(out, exact, tol + extra, f"{fmt} {dtype} x{tokens}")
 
 

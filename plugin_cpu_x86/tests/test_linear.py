@@ -1,11 +1,12 @@
 """Quantized linear (int8, GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) vs torch on the dequantized weights.
 
-Both native paths, the small-batch kernel (weights dequantized in registers, float32
-activations) and the large-batch one (dequantized tiles + GEMM), must match the
-float32 product with the dequantized weights to float32 rounding. The optional
-int8-activation kernel (CPU_QUANT_ACTIVATIONS, weights repacked in groups of 8 rows) is
-checked against a torch emulation of its activation rounding, and loosely against the
-float32 product.
+The default path must match the float32 product with the dequantized weights to float32
+rounding: of the activations as they are on the float32 kernels (weights as stored: the
+small-batch kernel dequantizes in registers, the large-batch one into tiles for a GEMM), of
+the activations rounded to int16 per block of 32 on Q8_0/Q4_0/Q4_1/int8 weights repacked in
+groups of 8 rows (emulated in torch: :func:`act16_quant`). The optional int8-activation kernel
+(CPU_QUANT_ACTIVATIONS) is checked against a torch emulation of its activation rounding, and
+loosely against the float32 product.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ def act_quant(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
 
 
-def check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, what: str) -> None:
-    """``out`` is the float32 product with the dequantized weights, to float32 (or bf16) rounding."""
-    exact = F.linear(x.float(), w, bias)
+def check(
+    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, what: str,
+    xm: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """``out`` is the float32 product with the dequantized weights, to float32 (or bf16) rounding,
+    of ``x``, or of ``xm`` where the kernel rounds it (the ``multiplied`` fixture)."""
+    exact = F.linear((x if xm is None else xm).float(), w, bias)
     tol = 2e-5 if x.dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.float(), exact, atol=tol * exact.abs().max().item(), rtol=tol, msg=what)
 
@@ -62,15 +67,17 @@ def check_int8_activations(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, 
     assert rel < 0.02, f"{what}: relative error {rel:.4f} vs the float32 product"
 
 
-def check_gguf_linear(kernels, prepared: QuantizedWeight, w_deq: torch.Tensor, gen, dtype, tokens: int) -> None:
+def check_gguf_linear(multiplied, prepared: QuantizedWeight, w_deq: torch.Tensor, gen, dtype, tokens: int) -> None:
     """The kernels' product of ``tokens`` random rows with a prepared GGUF weight, with and without a bias."""
     n, k = prepared.out_features, prepared.in_features
     x = (torch.randn(tokens, k, generator=gen) * 2).to(dtype)
     bias = torch.randn(n, generator=gen)
+    kernels = multiplied.kernels
     out = kernels.linear(x, prepared, None)
     assert out.dtype == dtype and out.shape == (tokens, n)
-    check(out, x, w_deq, None, f"{prepared.fmt} {tokens}x{k}->{n}")
-    check(kernels.linear(x, prepared, bias), x, w_deq, bias, f"{prepared.fmt} with bias")
+    xm = multiplied(prepared, x)
+    check(out, x, w_deq, None, f"{prepared.fmt} {tokens}x{k}->{n}", xm)
+    check(kernels.linear(x, prepared, bias), x, w_deq, bias, f"{prepared.fmt} with bias", xm)
 
 
 def gguf_weight(qtype: str, w: np.ndarray) -> GGUFWeight:
@@ -83,14 +90,15 @@ def gguf_weight(qtype: str, w: np.ndarray) -> GGUFWeight:
     [(torch.float32, *shape) for shape in SHAPES] + [(torch.bfloat16, 3, 96, 64), (torch.bfloat16, 130, 96, 64)],
 )
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_gguf_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype):
+def test_gguf_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_features, qtype):
     w = torch.randn(out_features, in_features, generator=gen).numpy()
     prepared = kernels.prepare_linear(gguf_weight(qtype, w), "gguf")
     assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype
+    assert prepared.act16 == kernels.lib.x8_simd == prepared.interleaved
     w_deq = prepared.dequantize()
-    ref = torch.from_numpy(gguf.quants.dequantize(prepared.data.numpy(), gguf.GGMLQuantizationType[qtype]))
+    ref = torch.from_numpy(gguf.quants.dequantize(prepared.rows().numpy(), gguf.GGMLQuantizationType[qtype]))
     assert torch.equal(w_deq, ref)
-    check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
+    check_gguf_linear(multiplied, prepared, w_deq, gen, dtype, tokens)
 
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
@@ -102,7 +110,7 @@ K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
      (torch.float32, 130, 64, 512), (torch.bfloat16, 3, 96, 256), (torch.bfloat16, 14, 96, 256)],
 )  # fmt: skip
 @pytest.mark.parametrize("qtype", K_TYPES)
-def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, qtype):
+def test_k_quant_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_features, qtype):
     """K-quant and 5-bit blocks as stored, on float32 activations (row dots and panels)."""
     weight = random_gguf_weight(qtype, out_features, in_features, seed=tokens, scale=1e-3)
     prepared = kernels.prepare_linear(weight, "gguf")
@@ -111,7 +119,7 @@ def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, 
     assert torch.equal(w_deq, weight.dequantize())
     kind = gguf.GGMLQuantizationType[qtype]
     assert torch.equal(w_deq, torch.from_numpy(gguf.quants.dequantize(weight.data.numpy(), kind)).float())
-    check_gguf_linear(kernels, prepared, w_deq, gen, dtype, tokens)
+    check_gguf_linear(multiplied, prepared, w_deq, gen, dtype, tokens)
 
 
 @pytest.mark.parametrize(
@@ -123,14 +131,16 @@ def test_k_quant_linear(kernels, gen, dtype, tokens, out_features, in_features, 
         (torch.bfloat16, 5, 96, 64),
     ],
 )
-def test_int8_linear(kernels, gen, dtype, tokens, out_features, in_features):
+def test_int8_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_features):
     w = torch.randn(out_features, in_features, generator=gen)
     prepared = kernels.prepare_linear(w.to(dtype), "int8")
-    assert prepared.data.dtype == torch.int8 and prepared.scales.shape == (out_features,)
+    assert prepared.data.dtype == torch.int8 and prepared.act16 == kernels.lib.x8_simd == prepared.interleaved
+    assert prepared.scales.shape == (-(-out_features // 8) * 8 if prepared.interleaved else out_features,)
     w_deq = prepared.dequantize()
     assert (w_deq - w.to(dtype).float()).abs().max() <= prepared.scales.max() / 2 + 1e-2
     x = torch.randn(tokens, in_features, generator=gen).to(dtype)
-    check(kernels.linear(x, prepared), x, w_deq, None, f"int8 {tokens}x{in_features}->{out_features}")
+    xm = multiplied(prepared, x)
+    check(kernels.linear(x, prepared), x, w_deq, None, f"int8 {tokens}x{in_features}->{out_features}", xm)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +181,7 @@ def smollm2_tensors() -> dict[str, tuple[gguf.GGMLQuantizationType, np.ndarray, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.3.attn_q.weight", "token_embd.weight"])
-def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
+def test_real_smollm2_tensors(kernels, multiplied, gen, smollm2_tensors, name):
     kind, data, cols = smollm2_tensors[name]
     assert kind.name in ("Q4_1", "Q8_0")
     weight = GGUFWeight(kind.name, torch.from_numpy(data), data.shape[0], cols)
@@ -179,7 +189,7 @@ def test_real_smollm2_tensors(kernels, gen, smollm2_tensors, name):
     w_deq = torch.from_numpy(gguf.quants.dequantize(data, kind))
     for tokens in (1, 2, 24, 130):
         x = torch.randn(tokens, cols, generator=gen)
-        check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}")
+        check(kernels.linear(x, prepared), x, w_deq, None, f"{name} x{tokens}", multiplied(prepared, x))
 
 
 @pytest.mark.parametrize("qtype", [*QTYPES, "int8"])

@@ -34,6 +34,9 @@ E4M3W = 14
 Q4FX8, U8FX8, S8FX8 = 15, 16, 17
 #: added to an x8 code at the call: activations rounded to int8 per row, not per block of 32
 PER_TOKEN = 64
+#: added to the x8 code of Q8_0, Q4_0, Q4_1 or int8 weights at the call: the default path on them,
+#: activations rounded to int16 per block of 32 (float32 from a few rows on builds without AVX-512)
+ACT16 = 128
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ _SIGNATURES = {
     ),  # fmt: skip
     "attention_max_head": (c_long, []),
     "attention_max_group": (c_long, []),
+    "x8_vectorized": (c_int, []),
     # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
     # (native/src/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
     "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
@@ -175,6 +179,8 @@ class NativeLib:
             setattr(self, name, fn)
         self.max_head = self.attention_max_head()
         self.max_group = self.attention_max_group()
+        #: whether the x8 kernel of this variant is vectorized (native/src/quant.cpp)
+        self.x8_simd = bool(self.x8_vectorized())
 
     def bind_threads(self, cpus: list[int]) -> int:
         """Pin OpenMP thread ``i`` of the calling thread's pool to ``cpus[i]``; returns failures."""

@@ -1,14 +1,18 @@
 """Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and
 quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`plugins.cpu_native.int_linear`).
 
-By default every batch size runs the native kernel on the weights as stored: it
-dequantizes weight blocks in registers (a few rows) or in L1 panels (more rows) and
-multiplies them into the float32 activations, so the result is the float32 product with
-the dequantized weights (native/src/matvec.cpp). With ``CPU_QUANT_ACTIVATIONS`` the weights are
-repacked at load in groups of 8 rows (:mod:`plugins.cpu_native.x8`; the K-quants and 5-bit
-formats as blocks of 32 with float32 scales) and every batch rounds the activations to int8 per
-block of 32, as llama.cpp does (native/src/quant.cpp: faster, not exact). Other GGUF types are
-dequantized once at load with ``gguf.quants.dequantize``.
+By default Q8_0, Q4_0, Q4_1 and int8 weights are repacked at load in groups of 8 rows
+(:mod:`plugins.cpu_native.x8`) and the activations rounded to int16 per block of 32, to 2^-16 of
+the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves; 1.3-2.1x
+the float32 kernels' speed on one thread, greedy tokens as transformers'); builds without
+AVX-512 multiply batches of 7 rows or more in float32 on that layout. The other formats (and
+every format where the int8 kernel is not vectorized: NEON without the dot-product extension,
+s390x, the scalar build) run the native kernel on the weights as stored: it dequantizes weight
+blocks in registers (a few rows) or in L1 panels (more rows) and multiplies them into the
+float32 activations, the float32 product with the dequantized weights (native/src/matvec.cpp).
+With ``CPU_QUANT_ACTIVATIONS`` every x8 format (the K-quants and 5-bit formats as blocks of 32
+with float32 scales) rounds the activations to int8 per block of 32 instead, as llama.cpp does
+(faster, not exact). Other GGUF types are dequantized once at load with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from plugins.cpu_native.int_linear import native_form
 from plugins.cpu_native.library import (
+    ACT16,
     DTYPE_BF16,
     DTYPE_F32,
     E4M3W,
@@ -53,6 +58,8 @@ from plugins.kernels import GGUFWeight
 NATIVE_GGUF = {
     "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K,
 }  # fmt: skip
+#: formats whose x8 form the default path runs with int16 activations (:data:`plugins.cpu_native.library.ACT16`)
+ACT16_FORMATS = (Q8_0, Q4_0, Q4_1, INT8)
 #: torch dtypes the native kernels take, with their dtype codes (shared by kernels.py and runner.py)
 NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
@@ -91,6 +98,8 @@ class QuantizedWeight:
     #: (:func:`plugins.int_quant.round_activations`), and its static input scale
     fp8_activations: str | None = None
     input_scale: torch.Tensor | None = None
+    #: x8 only: the default path's int16 activations per block of 32 (else int8 ones)
+    act16: bool = False
     #: data pointers of ``data`` and ``scales`` (0 if none), taken once for the kernel calls
     data_ptr: int = field(init=False, repr=False)
     scales_ptr: int = field(init=False, repr=False)
@@ -100,7 +109,8 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_ptr", self.data.data_ptr())
         object.__setattr__(self, "scales_ptr", 0 if self.scales is None else self.scales.data_ptr())
-        object.__setattr__(self, "call_code", self.code + (PER_TOKEN if self.per_token else 0))
+        flags = (PER_TOKEN if self.per_token else 0) + (ACT16 if self.act16 else 0)
+        object.__setattr__(self, "call_code", self.code + flags)
 
     @property
     def interleaved(self) -> bool:
@@ -130,8 +140,9 @@ class QuantizedWeight:
         kind = gguf.GGMLQuantizationType[self.fmt]
         return torch.from_numpy(gguf.quants.dequantize(self.rows().numpy(), kind)).float()
 
-    def to_x8(self) -> QuantizedWeight:
-        """The same weight repacked for the int8-activation kernel."""
+    def to_x8(self, act16: bool = False) -> QuantizedWeight:
+        """The same weight repacked for the int8-activation kernel (``act16``: run with int16
+        activations, a format of :data:`ACT16_FORMATS`)."""
         code = X8_CODES[self.code]
         scales = None if self.scales is None else F.pad(self.scales, (0, -self.out_features % GROUP))
         rows = self.data
@@ -139,7 +150,7 @@ class QuantizedWeight:
             rows = float_scaled_rows(self.fmt, code, self.data, self.out_features, self.in_features)
         return QuantizedWeight(
             self.fmt, code, interleave_x8(rows, code), scales, self.out_features, self.in_features, self.perm,
-            self.per_token,
+            self.per_token, act16=act16,
         )  # fmt: skip
 
 
@@ -195,27 +206,30 @@ class QuantLinearMixin:
     def prepare_linear(self, weight: torch.Tensor | GGUFWeight | IntWeight, quantization: str | None) -> Any:
         if isinstance(weight, IntWeight):
             prepared = checkpoint_weight(weight)
-            if not isinstance(prepared, QuantizedWeight):
-                return prepared
-            # W8A8 checkpoints need int8 activations, per token as they were calibrated
-            if prepared.per_token or (self.quantize_activations and prepared.code in X8_CODES):
-                return prepared.to_x8()
-            return prepared
+            return self._kernel_layout(prepared) if isinstance(prepared, QuantizedWeight) else prepared
         if isinstance(weight, GGUFWeight) or quantization == "int8":
             prepared = gguf_weight(weight) if isinstance(weight, GGUFWeight) else quantize_int8(weight)
-            # the x8 kernel takes whole blocks of 32 columns (other widths: linear() dequantizes)
-            if (
-                isinstance(prepared, QuantizedWeight) and self.quantize_activations and prepared.in_features % 32 == 0
-                and prepared.code in X8_CODES
-            ):  # fmt: skip
-                return prepared.to_x8()
-            return prepared
+            return self._kernel_layout(prepared) if isinstance(prepared, QuantizedWeight) else prepared
         if quantization in (None, "gguf") or quantization in INT_FORMATS:  # full-precision tensors
             return weight
         raise UnsupportedFeature(
             f"quantization {quantization!r} is not supported by the native CPU kernels; "
             f"supported: None, {', '.join(sorted(self.supported_quantizations))}"
         )
+
+    def _kernel_layout(self, w: QuantizedWeight) -> QuantizedWeight:
+        """``w`` in the layout of the kernel that runs it: x8 with int8 activations (W8A8
+        checkpoints, as calibrated: per token; every x8 format with ``CPU_QUANT_ACTIVATIONS``), x8
+        with int16 ones (the default path on :data:`ACT16_FORMATS` where the x8 kernel is
+        vectorized), else as stored. The x8 kernel takes whole blocks of 32 columns (other
+        widths: :meth:`linear` dequantizes)."""
+        if w.in_features % 32:
+            return w
+        if w.per_token or (self.quantize_activations and w.code in X8_CODES):
+            return w.to_x8()
+        if w.code in ACT16_FORMATS and self.lib.x8_simd:
+            return w.to_x8(act16=True)
+        return w
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):
