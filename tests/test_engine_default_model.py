@@ -30,6 +30,29 @@ def test_basic_prompts_give_sensible_text(llm):
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
 
 
+def test_greedy_tokens_and_logprobs_match_transformers(llm):
+    """The platform's default path on the file's blocks (on cpu_x86: int16 activations on its
+    Q4_1/Q8_0 weights) against transformers on the same file dequantized to float32: the same
+    greedy tokens, logprobs within 2e-3, batched (prompts of different lengths share steps)."""
+    import torch
+    import transformers
+    from core.loader.source import default_model_path
+
+    path = default_model_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    for out in llm.generate(BASIC_PROMPTS, params, use_tqdm=False):
+        ids = tokenizer(out.prompt).input_ids + out.outputs[0].token_ids
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, len(out.prompt_token_ids) - 1 : -1]
+        ref = torch.log_softmax(logits.float(), -1)
+        assert out.outputs[0].token_ids == ref.argmax(-1).tolist(), out.prompt
+        for step, token in enumerate(out.outputs[0].token_ids):
+            mine = out.outputs[0].logprobs[step][token].logprob
+            assert abs(mine - ref[step, token].item()) < 2e-3, (out.prompt, step, mine, ref[step, token].item())
+
+
 def test_default_model_runs_on_the_platform_runner_fast_path(llm):
     """On a platform whose runner runs the model from its description (cpu_x86's fused
     decoder), the default model takes that path, not the eager fallback."""
