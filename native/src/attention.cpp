@@ -11,6 +11,11 @@
 namespace CK_NS {
 
 static const int kMaxHead = 256, kMaxGroup = 16, kChunk = 32;
+#if defined(CK_V8)
+#define CK_VEC_ATTENTION true
+#else
+#define CK_VEC_ATTENTION false
+#endif
 
 // index of the sequence owning token t (starts is non-decreasing); -1 if none
 static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
@@ -34,9 +39,10 @@ static inline void cache_rows(const C *kc, const C *vc, const int32_t *table, lo
                               long block_size, long hk, long kvh, long d, const float *lut,
                               float k_scale, float v_scale, float (*kbuf)[kMaxHead],
                               float (*vbuf)[kMaxHead], const R **krow, const R **vrow) {
-  for (long j = 0; j < n; ++j) {
-    const long pos = j0 + j;
-    const long slot = (long)table[pos / block_size] * block_size + pos % block_size;
+  long block = j0 / block_size, offset = j0 % block_size;  // of key j0 + j, stepped (no division a key)
+  for (long j = 0; j < n; ++j, ++offset) {
+    if (offset == block_size) offset = 0, ++block;
+    const long slot = (long)table[block] * block_size + offset;
     const C *kr = kc + (slot * hk + kvh) * d, *vr = vc + (slot * hk + kvh) * d;
     if constexpr (sizeof(C) == 1) {
       for (long i = 0; i < d; ++i) {
@@ -51,6 +57,98 @@ static inline void cache_rows(const C *kc, const C *vc, const int32_t *table, lo
     }
   }
 }
+
+#if defined(CK_V8)
+// Query heads of a group done in one pass over a chunk's K/V rows, so that each row is
+// loaded once for all of them, and keys a pass of scores takes at a time (each q load shared).
+// AVX-512VL builds hold 4 x 4 score sums (and 4 heads x 32 output columns) in their 32
+// registers; other builds' 16 hold 3 x 4 (3 heads x 16 columns).
+#if defined(__AVX512VL__)
+static const int kHeadTile = 4, kColVecs = 4;
+#else
+static const int kHeadTile = 3, kColVecs = 2;
+#endif
+static const int kKeyTile = 4;
+
+// p[g][j] = q_g . k_j, for heads g < G and keys j < n (d a multiple of 8)
+template <int G, typename R>
+static inline void tile_scores(const float (*qf)[kMaxHead], const R *const *krow, long n, long d,
+                               float (*p)[kChunk]) {
+  constexpr int count = kKeyTile * G, padded = (count + 7) / 8 * 8;
+  long j = 0;
+  for (; j + kKeyTile <= n; j += kKeyTile) {
+    v8 acc[padded];  // [key * G + g]
+    for (int a = 0; a < padded; ++a) acc[a] = v8_zero();
+    for (long i = 0; i < d; i += 8) {
+      v8 qv[G];
+      for (int g = 0; g < G; ++g) qv[g] = v8_load(&qf[g][i]);
+      for (int kk = 0; kk < kKeyTile; ++kk) {
+        const v8 kv = v8_load(krow[j + kk] + i);
+        for (int g = 0; g < G; ++g) acc[kk * G + g] = v8_fma(qv[g], kv, acc[kk * G + g]);
+      }
+    }
+    float sums[padded];
+    for (int a = 0; a < padded; a += 8) v8_hsum8x8(acc + a, sums + a);  // lane sums, 8 at a time
+    for (int kk = 0; kk < kKeyTile; ++kk)
+      for (int g = 0; g < G; ++g) p[g][j + kk] = sums[kk * G + g];
+  }
+  for (; j < n; ++j)
+    for (int g = 0; g < G; ++g) {
+      v8 acc = v8_zero();
+      for (long i = 0; i < d; i += 8) acc = v8_fma(v8_load(&qf[g][i]), v8_load(krow[j] + i), acc);
+      p[g][j] = v8_hsum(acc);
+    }
+}
+
+// acc[g] += sum over keys j < n of p[g][j] v_j, for heads g < G (d a multiple of 8 CV)
+template <int G, int CV, typename R>
+static inline void tile_values(const float (*p)[kChunk], const R *const *vrow, long n, long d,
+                               float (*acc)[kMaxHead]) {
+  for (long c = 0; c < d; c += 8 * CV) {
+    v8 a[G][CV];
+    for (int g = 0; g < G; ++g)
+      for (int cv = 0; cv < CV; ++cv) a[g][cv] = v8_load(&acc[g][c + 8 * cv]);
+    for (long j = 0; j < n; ++j) {
+      v8 v[CV];
+      for (int cv = 0; cv < CV; ++cv) v[cv] = v8_load(vrow[j] + c + 8 * cv);
+      for (int g = 0; g < G; ++g) {
+        const v8 pj = v8_set1(p[g][j]);
+        for (int cv = 0; cv < CV; ++cv) a[g][cv] = v8_fma(pj, v[cv], a[g][cv]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int cv = 0; cv < CV; ++cv) v8_store(&acc[g][c + 8 * cv], a[g][cv]);
+  }
+}
+
+// p[g][j] for the group's heads, kHeadTile at a time
+template <typename R>
+static inline void group_scores(long group, const float (*qf)[kMaxHead], const R *const *krow, long n,
+                                long d, float (*p)[kChunk]) {
+  for (long g0 = 0; g0 < group; g0 += kHeadTile) {
+    switch (group - g0 < kHeadTile ? group - g0 : kHeadTile) {
+      case 1: tile_scores<1, R>(qf + g0, krow, n, d, p + g0); break;
+      case 2: tile_scores<2, R>(qf + g0, krow, n, d, p + g0); break;
+      case 3: tile_scores<3, R>(qf + g0, krow, n, d, p + g0); break;
+      default: tile_scores<kHeadTile, R>(qf + g0, krow, n, d, p + g0); break;
+    }
+  }
+}
+
+// acc[g] += p[g] . V for the group's heads, kHeadTile at a time
+template <int CV, typename R>
+static inline void group_values(long group, const float (*p)[kChunk], const R *const *vrow, long n,
+                                long d, float (*acc)[kMaxHead]) {
+  for (long g0 = 0; g0 < group; g0 += kHeadTile) {
+    switch (group - g0 < kHeadTile ? group - g0 : kHeadTile) {
+      case 1: tile_values<1, CV, R>(p + g0, vrow, n, d, acc + g0); break;
+      case 2: tile_values<2, CV, R>(p + g0, vrow, n, d, acc + g0); break;
+      case 3: tile_values<3, CV, R>(p + g0, vrow, n, d, acc + g0); break;
+      default: tile_values<kHeadTile, CV, R>(p + g0, vrow, n, d, acc + g0); break;
+    }
+  }
+}
+#endif
 
 template <typename T, typename C>
 static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
@@ -92,37 +190,20 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
         const R *krow[kChunk], *vrow[kChunk];
         cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, k_scale, v_scale,
                          kbuf, vbuf, krow, vrow);
-        // scores p[g][j] = q_g . k_j; with vectors, 4 keys at a time: 4 independent FMA
-        // chains hide the FMA latency (one dot product alone is a chain of d / 8 FMAs)
-        for (long g = 0; g < group; ++g) {
-          long j = 0;
+        const bool vec = CK_VEC_ATTENTION && d % 8 == 0;
 #if defined(CK_V8)
-          if (d % 8 == 0) {
-            for (; j + 4 <= n; j += 4) {
-              v8 s0 = v8_zero(), s1 = s0, s2 = s0, s3 = s0;
-              for (long i = 0; i < d; i += 8) {
-                const v8 qv = v8_load(&qf[g][i]);
-                s0 = v8_fma(qv, v8_load(krow[j] + i), s0);
-                s1 = v8_fma(qv, v8_load(krow[j + 1] + i), s1);
-                s2 = v8_fma(qv, v8_load(krow[j + 2] + i), s2);
-                s3 = v8_fma(qv, v8_load(krow[j + 3] + i), s3);
-              }
-              p[g][j] = v8_hsum(s0);
-              p[g][j + 1] = v8_hsum(s1);
-              p[g][j + 2] = v8_hsum(s2);
-              p[g][j + 3] = v8_hsum(s3);
-            }
-          }
+        if (vec) group_scores<R>(group, qf, krow, n, d, p);
 #endif
-          for (; j < n; ++j) {
+        for (long g = 0; g < group && !vec; ++g)
+          for (long j = 0; j < n; ++j) {
             float dot = 0.0f;
   #pragma omp simd reduction(+ : dot)
             for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(krow[j][i]);
             p[g][j] = dot;
           }
-        }
         for (long g = 0; g < group; ++g) {
           float mx = m[g];
+  #pragma omp simd reduction(max : mx)
           for (long j = 0; j < n; ++j) mx = fmax_(mx, p[g][j]);
           const float corr = fast_exp(m[g] - mx);
           float sum = 0.0f;
@@ -139,24 +220,11 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
           }
         }
 #if defined(CK_V8)
-        if (d % 32 == 0) {  // acc += p . V, 32 columns in 4 vectors across the chunk's keys
-          for (long g = 0; g < group; ++g)
-            for (long c = 0; c < d; c += 32) {
-              v8 a0 = v8_load(&acc[g][c]), a1 = v8_load(&acc[g][c + 8]);
-              v8 a2 = v8_load(&acc[g][c + 16]), a3 = v8_load(&acc[g][c + 24]);
-              for (long j = 0; j < n; ++j) {
-                const v8 pj = v8_set1(p[g][j]);
-                const R *vr = vrow[j] + c;
-                a0 = v8_fma(pj, v8_load(vr), a0);
-                a1 = v8_fma(pj, v8_load(vr + 8), a1);
-                a2 = v8_fma(pj, v8_load(vr + 16), a2);
-                a3 = v8_fma(pj, v8_load(vr + 24), a3);
-              }
-              v8_store(&acc[g][c], a0);
-              v8_store(&acc[g][c + 8], a1);
-              v8_store(&acc[g][c + 16], a2);
-              v8_store(&acc[g][c + 24], a3);
-            }
+        if (vec) {
+          if (d % (8 * kColVecs) == 0)
+            group_values<kColVecs, R>(group, p, vrow, n, d, acc);
+          else
+            group_values<1, R>(group, p, vrow, n, d, acc);
           continue;
         }
 #endif
