@@ -72,12 +72,14 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
     for (long r = lo; r < hi; ++r) {
       float row_amax = 0.0f;
       if (per_row)
+#pragma omp simd reduction(max : row_amax)
         for (long i = 0; i < k; ++i) row_amax = fmax_(row_amax, __builtin_fabsf(to_f32(x[r * x_stride + i])));
       for (long b = 0; b < a.nb; ++b) {
         const T *xb = x + r * x_stride + b * kBlock;
         int8_t *qb = a.q + r * k + b * kBlock;
         float amax = row_amax;
         if (!per_row)
+#pragma omp simd reduction(max : amax)
           for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
         const float levels = per_row ? 127.5f : 127.0f;
         const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
@@ -110,6 +112,7 @@ static void quantize_rows16(const T *x, long x_stride, long rows, long k, QAct a
         const T *xb = x + r * x_stride + b * kBlock;
         int8_t *qh = a.q + 2 * r * k + b * kBlock, *ql = qh + k;
         float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
         for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
         const float levels = 32512.0f;  // 127 * 256
         const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
