@@ -3,8 +3,9 @@
     python bench/decode_vs_llamacpp.py [--threads 2] [--formats Q4_1,Q4_0,Q8_0] [--json out.json] [--results bench/RESULTS.md]
 
 For each file (the default Q4_1 and the Q4_0/Q8_0 files of ``gguf_files.py``), back to
-back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on float activations
-(the exact path) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
+back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on its default path
+(int16 activations on these files' blocks where the int8 kernel is vectorized, else float32
+ones) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
 subprocess: decode = 128 tokens after a 16-token prompt (``engine_part.decode_tok_s``,
 best of two), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
 Prints a markdown table with the ratios to llama.cpp's tg128 / pp512 (``--results``: also
@@ -24,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODES = {"exact": "0", "int8 act": "1"}
+MODES = {"default": "0", "int8 act": "1"}
 
 
 def llama_bench(bench: Path, model: Path, threads: int) -> dict[str, float]:

@@ -40,7 +40,7 @@ def main() -> int:
     llm = engine_part.make_llm(sys.argv[1] if len(sys.argv) > 1 else None, "gguf", prefix_caching=False)
     engine = llm.engine
     engine.platform.kernels.num_threads = 1
-    mode = "int8 activations" if os.environ.get("CORE_CPU_QUANT_ACTIVATIONS") == "1" else "exact"
+    mode = "int8 activations" if os.environ.get("CORE_CPU_QUANT_ACTIVATIONS") == "1" else "default"
     print(f"{Path(sys.argv[1]).name if len(sys.argv) > 1 else 'default model'}, {mode}, {engine.platform.kernels.isa}")
     decode = min(_cpu_seconds(engine, [list(range(100, 116))], 65, True) for _ in range(2))
     print(f"  decode: {64 / decode:.1f} tok/s per core")

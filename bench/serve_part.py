@@ -67,7 +67,7 @@ def server(cmd: list[str], name: str, health_path: str = "/health", env: dict | 
 
 
 def core_serve_cmd(model: str | None, quantization: str | None) -> list[str]:
-    """``core serve`` on ``127.0.0.1:{port}`` in float32 (the engine's exact path)."""
+    """``core serve`` on ``127.0.0.1:{port}`` in float32 (the engine's default path)."""
     cmd = [sys.executable, "-m", "core.cli", "serve", "--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32"]
     cmd += [model] if model else []
     return cmd + (["--quantization", quantization] if quantization else [])

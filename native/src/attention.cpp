@@ -5,6 +5,8 @@
 // 0 .. seq_len - query_len + i (causal with offset), only the last `window` of them in a
 // sliding-window layer (window > 0). A one-byte cache (fp8.h) is
 // decoded a chunk of rows at a time into float rows, times the layer's K/V scale.
+#include <stdlib.h>
+
 #include "fp8.h"
 #include "simd.h"
 
@@ -150,6 +152,28 @@ static inline void group_values(long group, const float (*p)[kChunk], const R *c
 }
 #endif
 
+// A work item: query tokens [first, first + count) of one sequence (count 1 outside prefill),
+// with one kv head.
+struct QueryTile {
+  long first, count;
+};
+
+// The batch's tokens cut into tiles of up to `per_tile` consecutive tokens of a sequence
+// (tokens past the last sequence, padding, one a tile).
+static long query_tiles(const int32_t *starts, long num_seqs, long tokens, long per_tile, QueryTile *tiles) {
+  long n = 0;
+  for (long s = 0; s < num_seqs; ++s)
+    for (long t = starts[s]; t < starts[s + 1]; t += per_tile)
+      tiles[n++] = {t, starts[s + 1] - t < per_tile ? starts[s + 1] - t : per_tile};
+  for (long t = num_seqs ? starts[num_seqs] : 0; t < tokens; ++t) tiles[n++] = {t, 1};
+  return n;
+}
+
+// Prefill tokens of a sequence done together see the same keys but for the last few (causal):
+// the tile's heads ("virtual heads" u * group + g, at most kMaxGroup) share each K/V row
+// load, and a key a token must not see gets probability 0. Up to 4 tokens a tile.
+static const long kQueryTile = 4;
+
 template <typename T, typename C>
 static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                    const int32_t *starts, const int32_t *seq_lens, const int32_t *tables,
@@ -158,32 +182,43 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                    float k_scale, float v_scale, int nthreads) {
   typedef typename RowOf<C>::type R;
   const long group = hq / hk;
-  parallel_for(tokens * hk, 1, nthreads, tokens * hk > 1, [&](long lo, long hi) {
+  // sliding-window layers: one token a tile (each token's window starts elsewhere)
+  long per_tile = window > 0 ? 1 : kMaxGroup / group;
+  per_tile = per_tile < 1 ? 1 : per_tile > kQueryTile ? kQueryTile : per_tile;
+  QueryTile tile_buf[256];
+  QueryTile *tiles = tokens + num_seqs <= 256 ? tile_buf : (QueryTile *)malloc((tokens + num_seqs) * sizeof(QueryTile));
+  if (!tiles) per_tile = 1;  // no memory for the tile list: token by token, as tiles of 1 in place
+  const long num_tiles = tiles ? query_tiles(starts, num_seqs, tokens, per_tile, tiles) : tokens;
+  parallel_for(num_tiles * hk, 1, nthreads, num_tiles * hk > 1, [&](long lo, long hi) {
     for (long item = lo; item < hi; ++item) {
-      const long t = item / hk, kvh = item % hk;
-      T *o = out + (t * hq + kvh * group) * d;
-      const long s = find_seq(starts, num_seqs, t);
+      const long kvh = item % hk;
+      const QueryTile tile = tiles ? tiles[item / hk] : QueryTile{item / hk, 1};
+      const long heads = tile.count * group;  // virtual heads u * group + g
+      const long s = find_seq(starts, num_seqs, tile.first);
       const long seq_len = s < 0 ? 0 : seq_lens[s];
       if (seq_len == 0) {  // padding token / sequence: defined as zeros
-        for (long i = 0; i < group * d; ++i) from_f32(0.0f, &o[i]);
+        for (long u = 0; u < tile.count; ++u)
+          for (long i = 0; i < group * d; ++i) from_f32(0.0f, &out[((tile.first + u) * hq + kvh * group) * d + i]);
         continue;
       }
       const long q_len = starts[s + 1] - starts[s];
-      const long n_keys = seq_len - q_len + (t - starts[s]) + 1;
+      // keys token u sees: 0 .. visible(u) - 1
+      const long first_visible = seq_len - q_len + (tile.first - starts[s]) + 1;
+      const long n_keys = first_visible + tile.count - 1;
       const long first_key = window > 0 && n_keys > window ? n_keys - window : 0;
       const int32_t *table = tables + s * table_stride;
-  
+
       float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
       float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
       float kbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead], vbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead];
-      for (long g = 0; g < group; ++g) {
-        const T *qg = q + t * q_stride + (kvh * group + g) * d;
+      for (long h = 0; h < heads; ++h) {
+        const T *qh = q + (tile.first + h / group) * q_stride + (kvh * group + h % group) * d;
         for (long i = 0; i < d; ++i) {
-          qf[g][i] = to_f32(qg[i]) * scale;
-          acc[g][i] = 0.0f;
+          qf[h][i] = to_f32(qh[i]) * scale;
+          acc[h][i] = 0.0f;
         }
-        m[g] = -3.0e38f;
-        l[g] = 0.0f;
+        m[h] = -3.0e38f;
+        l[h] = 0.0f;
       }
       for (long j0 = first_key; j0 < n_keys; j0 += kChunk) {
         const long n = imin_(kChunk, n_keys - j0);
@@ -192,57 +227,62 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                          kbuf, vbuf, krow, vrow);
         const bool vec = CK_VEC_ATTENTION && d % 8 == 0;
 #if defined(CK_V8)
-        if (vec) group_scores<R>(group, qf, krow, n, d, p);
+        if (vec) group_scores<R>(heads, qf, krow, n, d, p);
 #endif
-        for (long g = 0; g < group && !vec; ++g)
+        for (long h = 0; h < heads && !vec; ++h)
           for (long j = 0; j < n; ++j) {
             float dot = 0.0f;
   #pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < d; ++i) dot += qf[g][i] * to_f32(krow[j][i]);
-            p[g][j] = dot;
+            for (long i = 0; i < d; ++i) dot += qf[h][i] * to_f32(krow[j][i]);
+            p[h][j] = dot;
           }
-        for (long g = 0; g < group; ++g) {
-          float mx = m[g];
+        for (long h = 0; h < heads; ++h) {
+          // this chunk's keys token h / group sees; the rest get probability 0
+          const long seen = first_visible + h / group - j0, nv = seen < n ? (seen > 0 ? seen : 0) : n;
+          float mx = m[h];
   #pragma omp simd reduction(max : mx)
-          for (long j = 0; j < n; ++j) mx = fmax_(mx, p[g][j]);
-          const float corr = fast_exp(m[g] - mx);
+          for (long j = 0; j < nv; ++j) mx = fmax_(mx, p[h][j]);
+          const float corr = fast_exp(m[h] - mx);
           float sum = 0.0f;
   #pragma omp simd reduction(+ : sum)
-          for (long j = 0; j < n; ++j) {
-            p[g][j] = fast_exp(p[g][j] - mx);
-            sum += p[g][j];
+          for (long j = 0; j < nv; ++j) {
+            p[h][j] = fast_exp(p[h][j] - mx);
+            sum += p[h][j];
           }
-          l[g] = l[g] * corr + sum;
-          m[g] = mx;
+          for (long j = nv; j < n; ++j) p[h][j] = 0.0f;
+          l[h] = l[h] * corr + sum;
+          m[h] = mx;
           if (corr != 1.0f) {
   #pragma omp simd
-            for (long i = 0; i < d; ++i) acc[g][i] *= corr;
+            for (long i = 0; i < d; ++i) acc[h][i] *= corr;
           }
         }
 #if defined(CK_V8)
         if (vec) {
           if (d % (8 * kColVecs) == 0)
-            group_values<kColVecs, R>(group, p, vrow, n, d, acc);
+            group_values<kColVecs, R>(heads, p, vrow, n, d, acc);
           else
-            group_values<1, R>(group, p, vrow, n, d, acc);
+            group_values<1, R>(heads, p, vrow, n, d, acc);
           continue;
         }
 #endif
         for (long j = 0; j < n; ++j) {
           const R *vr = vrow[j];
-          for (long g = 0; g < group; ++g) {
-            const float pj = p[g][j];
+          for (long h = 0; h < heads; ++h) {
+            const float pj = p[h][j];
   #pragma omp simd
-            for (long i = 0; i < d; ++i) acc[g][i] += pj * to_f32(vr[i]);
+            for (long i = 0; i < d; ++i) acc[h][i] += pj * to_f32(vr[i]);
           }
         }
       }
-      for (long g = 0; g < group; ++g) {
-        const float inv = 1.0f / l[g];
-        for (long i = 0; i < d; ++i) from_f32(acc[g][i] * inv, &o[g * d + i]);
+      for (long h = 0; h < heads; ++h) {
+        T *o = out + ((tile.first + h / group) * hq + kvh * group + h % group) * d;
+        const float inv = 1.0f / l[h];
+        for (long i = 0; i < d; ++i) from_f32(acc[h][i] * inv, &o[i]);
       }
     }
   });
+  if (tiles != tile_buf) free(tiles);
 }
 
 }  // namespace CK_NS

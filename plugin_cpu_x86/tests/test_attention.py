@@ -16,6 +16,11 @@ CASES = [
     ([3, 1], [100, 1], 16, 1, 128),  # MQA, long context chunk
     ([2, 1], [37, 70], 6, 2, 40),  # head size 40: 8-wide score loop, generic P.V loop
     ([1, 4], [45, 9], 4, 2, 20),  # head size 20: the generic loops only
+    # prefill tokens in tiles (up to 4 tokens, at most 16 heads, sharing each K/V row): tiles
+    # across 32-key chunks, a part tile; group 4 (tiles of 16 heads), group 7 (tiles of 2 tokens)
+    ([37, 1], [37, 50], 9, 3, 64),
+    ([70], [90], 8, 2, 64),
+    ([9, 2], [9, 41], 14, 2, 64),
 ]
 
 
