@@ -3,7 +3,7 @@ quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`pl
 
 By default Q8_0, Q4_0, Q4_1 and int8 weights are repacked at load in groups of 8 rows
 (:mod:`plugins.cpu_native.x8`) and the activations rounded to int16 per block of 32, to 2^-16 of
-the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves; 1.3-2.1x
+the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves; 1.3-2x
 the float32 kernels' speed on one thread, greedy tokens as transformers'); builds without
 AVX-512 multiply batches of 7 rows or more in float32 on that layout. The other formats (and
 every format where the int8 kernel is not vectorized: NEON without the dot-product extension,
