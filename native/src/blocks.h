@@ -29,8 +29,7 @@ enum { CK_E4M3W = 14 };
 enum { CK_Q4FX8 = 15, CK_U8FX8 = 16, CK_S8FX8 = 17 };
 // added to an x8 code: round activations to int8 per row instead of per block of 32
 enum { CK_PER_TOKEN = 64 };
-// added to the code of Q8_0, Q4_0, Q4_1 or int8 weights in the x8 layout: the default path
-// on them. The activations are rounded to int16 per block of 32 (quant.cpp: to 2^-16 of the
+// added to an x8 code (every x8 format but per-token W8A8): the default path on them. The activations are rounded to int16 per block of 32 (quant.cpp: to 2^-16 of the
 // block's largest magnitude, the x8 kernel on two int8 halves), or where the build's int8
 // kernel is slow at many rows (no AVX-512), from kPanelMin rows on multiplied in float32 by
 // the panel kernel (matvec.cpp), which reads the x8 layout as it is.
@@ -43,7 +42,6 @@ static const int kBlock = 32;
 static inline bool is_x8(int qt) {
   return (qt >= CK_X8 && qt <= CK_INT8X8) || (qt >= CK_Q4FX8 && qt <= CK_S8FX8);
 }
-static inline bool is_x8_row_format(int qt) { return qt >= CK_X8 && qt <= CK_INT8X8; }
 static inline bool is_q5(int qt) { return qt == CK_Q5_0 || qt == CK_Q5_1; }
 
 // bytes of one row's block of 32 (the same in the x8 layout: 8 rows' blocks side by side)
@@ -189,14 +187,17 @@ static inline void row_params(const float *row_scale, const void *bias, int bias
 static const long kPanelMin = 7;
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row
-// format QT (Q8_0, Q4_0, Q4_1, int8) as that format stores it: the row's scales from the
-// group block's scale arrays, its codes from the 4-byte chunks of its lane.
+// format QT (Q8_0, Q4_0, Q4_1, int8 as those formats store a block; a float-scaled code as its
+// row form: the two float32 scales, then the codes): the row's scales from the group block's
+// scale arrays, its codes from the 4-byte chunks of its lane.
 template <int QT>
 static inline void x8_row_block(const uint8_t *w, long nb, long r, long b, uint8_t *out) {
   const long bb = block_bytes(QT);
   const uint8_t *p = w + ((r / 8) * nb + b) * 8 * bb;
-  const long lane = r % 8, head = QT == CK_INT8 ? 0 : QT == CK_Q4_1 ? 4 : 2;  // the row's scale bytes
-  for (long i = 0; i < head / 2; ++i) memcpy(out + 2 * i, p + 16 * i + 2 * lane, 2);
+  const long unit = QT >= CK_Q4FX8 ? 4 : 2;  // bytes of a scale
+  const long head = QT == CK_INT8 ? 0 : QT == CK_Q4_1 || QT >= CK_Q4FX8 ? 2 * unit : unit;  // a row's scales
+  const long lane = r % 8;
+  for (long i = 0; i < head / unit; ++i) memcpy(out + unit * i, p + 8 * unit * i + unit * lane, unit);
   const uint8_t *q = p + 8 * head;
   for (long c = 0; c < (bb - head) / 4; ++c) memcpy(out + head + 4 * c, q + 32 * c + 4 * lane, 4);
 }

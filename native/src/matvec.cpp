@@ -59,6 +59,24 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
     for (int j = 0; j < 4; ++j) w[j] = v8_load((const float *)p + 8 * j);
     return;
   }
+  if (QT >= CK_Q4FX8) {  // a float-scaled row block (x8 panels only): d, m (d0, d1), the codes
+    float s[2];
+    memcpy(s, p, 8);
+    const uint8_t *q = p + 8;
+    const v8 d = v8_set1(s[0]), m = v8_set1(s[1]);
+    if (QT == CK_Q4FX8) {
+      for (int h = 0; h < 2; ++h) {
+        v8 lo, hi;
+        v8_nibbles(q + 8 * h, 0, &lo, &hi);
+        w[h] = v8_fma(d, lo, m);
+        w[h + 2] = v8_fma(d, hi, m);
+      }
+    } else {  // byte codes: U8FX8 0..63 (read as signed: the same), S8FX8 signed
+      for (int j = 0; j < 4; ++j)
+        w[j] = QT == CK_U8FX8 ? v8_fma(d, v8_from_i8(q + 8 * j), m) : v8_mul(j < 2 ? d : m, v8_from_i8(q + 8 * j));
+    }
+    return;
+  }
   if (QT == CK_Q8_0 || QT == CK_INT8) {
     const v8 d = v8_set1(QT == CK_INT8 ? 1.0f : read_half(p));
     const uint8_t *q = p + (QT == CK_INT8 ? 0 : 2);
@@ -317,8 +335,8 @@ template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-  constexpr bool x8 = QT >= CK_X8 && QT <= CK_INT8X8;
-  constexpr int RQT = x8 ? QT - CK_X8 : QT;  // the row format
+  constexpr bool x8 = (QT >= CK_X8 && QT <= CK_INT8X8) || QT >= CK_Q4FX8;
+  constexpr int RQT = QT >= CK_X8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
   const long rb = row_bytes(RQT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
@@ -340,7 +358,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
           for (long b = 0; b < nb; ++b) {
             v8 v[4];
             if constexpr (x8) {
-              uint8_t stored[34];  // the largest block: Q8_0's
+              uint8_t stored[40];  // the largest block: U8FX8's and S8FX8's
               x8_row_block<RQT>(w, nb, j + r, b, stored);
               decode_block<RQT>(stored, 0, v);
             } else {
@@ -434,6 +452,9 @@ static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x,
     case CK_Q4_0X8: return gemm_panel<CK_Q4_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_Q4_1X8: return gemm_panel<CK_Q4_1X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
     case CK_INT8X8: return gemm_panel<CK_INT8X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4FX8: return gemm_panel<CK_Q4FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_U8FX8: return gemm_panel<CK_U8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_S8FX8: return gemm_panel<CK_S8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
 #endif
     default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
@@ -450,8 +471,8 @@ extern "C" {
 // row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32 (of 256
 // for the K-quants).
 // qt CK_F32W: W is a plain row-major float32 matrix.
-// qt an x8 code of Q8_0, Q4_0, Q4_1 or int8 (CK_ACT16 calls from kPanelMin rows, SIMD builds
-// only): W in the x8 layout (quant.cpp).
+// qt an x8 code (CK_ACT16 calls from kPanelMin rows, SIMD builds only): W in the x8 layout
+// (quant.cpp).
 // Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,

@@ -511,8 +511,8 @@ int CK_FN(x8_vectorized)(void) {
 // W: n rows in format qt (blocks.h); row_scale: per-row scales for CK_INT8 and
 // CK_INT8X8, else NULL. k must be a multiple of 32. The x8 formats take int8
 // activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt, or with
-// CK_ACT16 added (x8 Q8_0, Q4_0, Q4_1, int8) int16 ones, or float32 ones from kAct16PanelMin
-// rows (blocks.h); the others float32 ones (matvec.cpp). Returns 0, or -1 if a scratch
+// CK_ACT16 added int16 ones, or float32 ones from kAct16PanelMin rows (blocks.h); the others
+// float32 ones (matvec.cpp). Returns 0, or -1 if a scratch
 // buffer could not be had.
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,

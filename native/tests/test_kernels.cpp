@@ -498,7 +498,7 @@ void test_linear(Suite &s, int qt, long rows, Act act) {
   std::vector<float> scales = w.scales;
   if (act != kFloatAct && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
   std::vector<float> out(rows * n);
-  const int code = float_scaled(qt) ? qt : qt + (act != kFloatAct ? X8 : 0) + (act == kAct16 ? kAct16Flag : 0);
+  const int code = (float_scaled(qt) ? qt : qt + (act != kFloatAct ? X8 : 0)) + (act == kAct16 ? kAct16Flag : 0);
   const int status = s.fn<Linear>("linear")(code, wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
   const char *mode = act == kInt8Act ? " x8/int8-act" : act == kAct16 ? " x8/act16" : "";
@@ -550,7 +550,7 @@ int main(int argc, char **argv) {
       for (long rows : {1L, 3L, 9L}) test_k_linear(s, qt, rows);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, kInt8Act);
-    for (int qt : {Q8_0, Q4_0, Q4_1, INT8})
+    for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kAct16);
     run += s.run;
     passed += s.passed;

@@ -111,14 +111,21 @@ K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
 )  # fmt: skip
 @pytest.mark.parametrize("qtype", K_TYPES)
 def test_k_quant_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_features, qtype):
-    """K-quant and 5-bit blocks as stored, on float32 activations (row dots and panels)."""
+    """K-quant and 5-bit blocks on the default path: where the x8 kernel is vectorized rewritten as
+    float-scaled blocks of 32 (the same values up to float32 rounding) on int16 activations, else
+    as stored on float32 ones (row dots and panels)."""
     weight = random_gguf_weight(qtype, out_features, in_features, seed=tokens, scale=1e-3)
     prepared = kernels.prepare_linear(weight, "gguf")
-    assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype and not prepared.interleaved
+    assert isinstance(prepared, QuantizedWeight) and prepared.fmt == qtype
+    assert prepared.interleaved == prepared.act16 == kernels.lib.x8_simd
     w_deq = prepared.dequantize()
-    assert torch.equal(w_deq, weight.dequantize())
     kind = gguf.GGMLQuantizationType[qtype]
-    assert torch.equal(w_deq, torch.from_numpy(gguf.quants.dequantize(weight.data.numpy(), kind)).float())
+    exact = torch.from_numpy(gguf.quants.dequantize(weight.data.numpy(), kind)).float()
+    assert torch.equal(exact, weight.dequantize())
+    if prepared.interleaved:
+        torch.testing.assert_close(w_deq, exact, atol=1e-6 * exact.abs().max().item(), rtol=1e-6)
+    else:
+        assert torch.equal(w_deq, exact)
     check_gguf_linear(multiplied, prepared, w_deq, gen, dtype, tokens)
 
 

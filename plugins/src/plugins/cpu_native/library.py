@@ -34,8 +34,8 @@ E4M3W = 14
 Q4FX8, U8FX8, S8FX8 = 15, 16, 17
 #: added to an x8 code at the call: activations rounded to int8 per row, not per block of 32
 PER_TOKEN = 64
-#: added to the x8 code of Q8_0, Q4_0, Q4_1 or int8 weights at the call: the default path on them,
-#: activations rounded to int16 per block of 32 (float32 from a few rows on builds without AVX-512)
+#: added to an x8 code at the call: the default path, activations rounded to int16 per block of 32
+#: (float32 ones from 7 rows on builds without AVX-512)
 ACT16 = 128
 
 

@@ -1,18 +1,19 @@
 """Quantized linear layers: int8 weight-only, GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and
 quantized Hugging Face checkpoints' weights repacked into those blocks (:mod:`plugins.cpu_native.int_linear`).
 
-By default Q8_0, Q4_0, Q4_1 and int8 weights are repacked at load in groups of 8 rows
-(:mod:`plugins.cpu_native.x8`) and the activations rounded to int16 per block of 32, to 2^-16 of
-the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves; 1.3-2x
-the float32 kernels' speed on one thread, greedy tokens as transformers'); builds without
-AVX-512 multiply batches of 7 rows or more in float32 on that layout. The other formats (and
-every format where the int8 kernel is not vectorized: NEON without the dot-product extension,
-s390x, the scalar build) run the native kernel on the weights as stored: it dequantizes weight
-blocks in registers (a few rows) or in L1 panels (more rows) and multiplies them into the
-float32 activations, the float32 product with the dequantized weights (native/src/matvec.cpp).
-With ``CPU_QUANT_ACTIVATIONS`` every x8 format (the K-quants and 5-bit formats as blocks of 32
-with float32 scales) rounds the activations to int8 per block of 32 instead, as llama.cpp does
-(faster, not exact). Other GGUF types are dequantized once at load with ``gguf.quants.dequantize``.
+By default the GGUF block formats and int8 weights are repacked at load in groups of 8 rows
+(:mod:`plugins.cpu_native.x8`; the K-quants and 5-bit formats as blocks of 32 with float32
+scales, their values unchanged) and the activations rounded to int16 per block of 32, to 2^-16
+of the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves;
+1.3-2x the float32 kernels' speed on one thread, greedy tokens as transformers'); builds without
+AVX-512 multiply batches of 7 rows or more in float32 on that layout. Where the int8 kernel is
+not vectorized (NEON without the dot-product extension, s390x, the scalar build), and for E4M3
+weights, the native kernel runs on the weights as stored: it dequantizes weight blocks in
+registers (a few rows) or in L1 panels (more rows) and multiplies them into the float32
+activations, the float32 product with the dequantized weights (native/src/matvec.cpp). With
+``CPU_QUANT_ACTIVATIONS`` every x8 format rounds the activations to int8 per block of 32
+instead, as llama.cpp does (faster, not exact). Other GGUF types are dequantized once at load
+with ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,6 @@ from plugins.kernels import GGUFWeight
 NATIVE_GGUF = {
     "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K,
 }  # fmt: skip
-#: formats whose x8 form the default path runs with int16 activations (:data:`plugins.cpu_native.library.ACT16`)
-ACT16_FORMATS = (Q8_0, Q4_0, Q4_1, INT8)
 #: torch dtypes the native kernels take, with their dtype codes (shared by kernels.py and runner.py)
 NATIVE_DTYPES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 
@@ -142,7 +141,7 @@ class QuantizedWeight:
 
     def to_x8(self, act16: bool = False) -> QuantizedWeight:
         """The same weight repacked for the int8-activation kernel (``act16``: run with int16
-        activations, a format of :data:`ACT16_FORMATS`)."""
+        activations, the default path)."""
         code = X8_CODES[self.code]
         scales = None if self.scales is None else F.pad(self.scales, (0, -self.out_features % GROUP))
         rows = self.data
@@ -220,16 +219,13 @@ class QuantLinearMixin:
     def _kernel_layout(self, w: QuantizedWeight) -> QuantizedWeight:
         """``w`` in the layout of the kernel that runs it: x8 with int8 activations (W8A8
         checkpoints, as calibrated: per token; every x8 format with ``CPU_QUANT_ACTIVATIONS``), x8
-        with int16 ones (the default path on :data:`ACT16_FORMATS` where the x8 kernel is
-        vectorized), else as stored. The x8 kernel takes whole blocks of 32 columns (other
-        widths: :meth:`linear` dequantizes)."""
-        if w.in_features % 32:
+        with int16 ones (the default path where the x8 kernel is vectorized), else as stored. The
+        x8 kernel takes whole blocks of 32 columns (other widths: :meth:`linear` dequantizes)."""
+        if w.in_features % 32 or w.code not in X8_CODES:
             return w
-        if w.per_token or (self.quantize_activations and w.code in X8_CODES):
+        if w.per_token or self.quantize_activations:
             return w.to_x8()
-        if w.code in ACT16_FORMATS and self.lib.x8_simd:
-            return w.to_x8(act16=True)
-        return w
+        return w.to_x8(act16=True) if self.lib.x8_simd else w
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):

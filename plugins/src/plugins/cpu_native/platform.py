@@ -28,7 +28,7 @@ def native_env_vars(table: IsaTable) -> tuple[EnvVar, ...]:
             bool,
             False,
             "GGUF/int8 linears round activations to int8 per block of 32, as llama.cpp does, on weights "
-            "repacked in groups of 8 rows (by default int16 ones on Q8_0/Q4_0/Q4_1/int8, float32 on the others; "
+            "repacked in groups of 8 rows (by default int16 ones where that kernel is vectorized, else float32; "
             "~1.1x faster decode at batch 1, 1.5x batched and prefill on AVX-512 VNNI; greedy tokens no longer "
             "match transformers' on the dequantized weights)",
         ),
@@ -84,7 +84,7 @@ class NativeCpuPlatform(CpuPlatform):
             choice,
             "int8 activations (CPU_QUANT_ACTIVATIONS=1)"
             if quantize
-            else "int16 (Q8_0/Q4_0/Q4_1/int8 where the x8 kernel is vectorized) or float32 activations "
+            else "int16 (where the x8 kernel is vectorized) or float32 activations "
             "(CORE_CPU_QUANT_ACTIVATIONS=1: int8 ones, as llama.cpp)",
         )
         return kernels

@@ -1,4 +1,5 @@
-"""The x8 layout of the int8-activation kernel (native/src/quant.cpp): weight rows in groups of 8.
+"""The x8 layout of the int8-activation kernel (native/src/quant.cpp): weight rows in groups of 8,
+multiplied with int8 activations, or with int16 ones as two int8 halves (the default path).
 
 Q8_0, Q4_0, Q4_1 and per-row int8 weights are repacked as their blocks are. The K-quants
 and the 5-bit formats are first rewritten as blocks of 32 with float32 scales
