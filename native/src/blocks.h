@@ -29,17 +29,18 @@ enum { CK_E4M3W = 14 };
 enum { CK_Q4FX8 = 15, CK_U8FX8 = 16, CK_S8FX8 = 17 };
 // added to an x8 code: round activations to int8 per row instead of per block of 32
 enum { CK_PER_TOKEN = 64 };
-// added to an x8 code (every x8 format but per-token W8A8): the default path on them. The activations are rounded to int16 per block of 32 (quant.cpp: to 2^-16 of the
-// block's largest magnitude, the x8 kernel on two int8 halves), or where the build's int8
-// kernel is slow at many rows (no AVX-512), from kPanelMin rows on multiplied in float32 by
-// the panel kernel (matvec.cpp), which reads the x8 layout as it is.
+// added to an x8 code: the default path. The activations are rounded to int16 per block of 32
+// (quant.cpp: to 2^-16 of the block's largest magnitude, the x8 kernel on two int8 halves), or
+// where the build's int8 kernel is slow at many rows (no AVX-512: quant.cpp's
+// kAct16PanelMin) multiplied in float32 by the panel kernel (matvec.cpp), which reads the x8
+// layout as it is.
 enum { CK_ACT16 = 128 };
 
 namespace CK_NS {
 
 static const int kBlock = 32;
 
-static inline bool is_x8(int qt) {
+static constexpr bool is_x8(int qt) {
   return (qt >= CK_X8 && qt <= CK_INT8X8) || (qt >= CK_Q4FX8 && qt <= CK_S8FX8);
 }
 static inline bool is_q5(int qt) { return qt == CK_Q5_0 || qt == CK_Q5_1; }

@@ -335,8 +335,8 @@ template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-  constexpr bool x8 = (QT >= CK_X8 && QT <= CK_INT8X8) || QT >= CK_Q4FX8;
-  constexpr int RQT = QT >= CK_X8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
+  constexpr bool x8 = is_x8(QT);
+  constexpr int RQT = x8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
   const long rb = row_bytes(RQT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;

@@ -1,6 +1,8 @@
 // Quantized linear with int8 activations (CPU_QUANT_ACTIVATIONS), any batch:
 // y[T, N] = x[T, K] @ W[N, K]^T + b, with the activation rows rounded to int8 per block of
-// 32 (scale d, and s = d * sum(q) for the weight offsets), as llama.cpp does.
+// 32 (scale d, and s = d * sum(q) for the weight offsets), as llama.cpp does; or, the default
+// path (CK_ACT16), rounded to int16 per block of 32 and multiplied as two int8 rows
+// (quantize_rows16).
 //
 // The weights are repacked at load (linear.py: interleave_x8) into groups of 8 rows
 // ("x8"): for each block of 32 columns, the 8 rows' scales side by side, then the
@@ -24,6 +26,8 @@
 // Rows past n in the last group are zeros and never written out.
 #include <limits.h>
 #include <stdlib.h>
+
+#include <type_traits>
 
 #include "blocks.h"
 #include "kernels.h"
@@ -472,20 +476,18 @@ static int quant_matmul(int qt, const void *w, const float *row_scale, long n, l
   a.d = (float *)buf;
   a.s = a.d + qrows * a.nb;
   a.q = (int8_t *)(a.s + qrows * a.nb);
-  const uint8_t *wb = (const uint8_t *)w;
-  if (dtype == CK_F32) {
+  auto run = [&](auto *xt) {  // xt: the activations as float or bf16_t
+    typedef typename std::remove_const<typename std::remove_pointer<decltype(xt)>::type>::type T;
     if (act16)
-      quantize_rows16<float>((const float *)x, x_stride, rows, k, a, nthreads);
+      quantize_rows16<T>(xt, x_stride, rows, k, a, nthreads);
     else
-      quantize_rows<float>((const float *)x, x_stride, rows, k, a, per_row, nthreads);
-    matmul_typed<float>(qt, wb, row_scale, a, qrows, n, k, out, bias, bias_dtype, split, nthreads);
-  } else {
-    if (act16)
-      quantize_rows16<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, nthreads);
-    else
-      quantize_rows<bf16_t>((const bf16_t *)x, x_stride, rows, k, a, per_row, nthreads);
-    matmul_typed<bf16_t>(qt, wb, row_scale, a, qrows, n, k, out, bias, bias_dtype, split, nthreads);
-  }
+      quantize_rows<T>(xt, x_stride, rows, k, a, per_row, nthreads);
+    matmul_typed<T>(qt, (const uint8_t *)w, row_scale, a, qrows, n, k, out, bias, bias_dtype, split, nthreads);
+  };
+  if (dtype == CK_F32)
+    run((const float *)x);
+  else
+    run((const bf16_t *)x);
   free(buf);
   return 0;
 }
@@ -510,10 +512,9 @@ int CK_FN(x8_vectorized)(void) {
 // out[rows, n] (dtype, contiguous) = x[rows, k] (row stride x_stride) @ W^T (+ bias).
 // W: n rows in format qt (blocks.h); row_scale: per-row scales for CK_INT8 and
 // CK_INT8X8, else NULL. k must be a multiple of 32. The x8 formats take int8
-// activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt, or with
-// CK_ACT16 added int16 ones, or float32 ones from kAct16PanelMin rows (blocks.h); the others
-// float32 ones (matvec.cpp). Returns 0, or -1 if a scratch
-// buffer could not be had.
+// activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt; with
+// CK_ACT16 added int16 ones (float32 ones from kAct16PanelMin rows); the others float32 ones
+// (matvec.cpp). Returns 0, or -1 if a scratch buffer could not be had.
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads) {
