@@ -14,9 +14,9 @@ namespace CK_NS {
 
 static const int kMaxHead = 256, kMaxGroup = 16, kChunk = 32;
 #if defined(CK_V8)
-#define CK_VEC_ATTENTION true
+static constexpr bool kVecAttention = true;  // the v8 score and value tiles below
 #else
-#define CK_VEC_ATTENTION false
+static constexpr bool kVecAttention = false;
 #endif
 
 // index of the sequence owning token t (starts is non-decreasing); -1 if none
@@ -187,8 +187,9 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
   per_tile = per_tile < 1 ? 1 : per_tile > kQueryTile ? kQueryTile : per_tile;
   QueryTile tile_buf[256];
   QueryTile *tiles = tokens + num_seqs <= 256 ? tile_buf : (QueryTile *)malloc((tokens + num_seqs) * sizeof(QueryTile));
-  if (!tiles) per_tile = 1;  // no memory for the tile list: token by token, as tiles of 1 in place
+  // no memory for the tile list: token by token (tiles of 1, made in place below)
   const long num_tiles = tiles ? query_tiles(starts, num_seqs, tokens, per_tile, tiles) : tokens;
+  const bool vec = kVecAttention && d % 8 == 0;
   parallel_for(num_tiles * hk, 1, nthreads, num_tiles * hk > 1, [&](long lo, long hi) {
     for (long item = lo; item < hi; ++item) {
       const long kvh = item % hk;
@@ -225,7 +226,6 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
         const R *krow[kChunk], *vrow[kChunk];
         cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, k_scale, v_scale,
                          kbuf, vbuf, krow, vrow);
-        const bool vec = CK_VEC_ATTENTION && d % 8 == 0;
 #if defined(CK_V8)
         if (vec) group_scores<R>(heads, qf, krow, n, d, p);
 #endif
