@@ -57,6 +57,8 @@ static const long kXBlock = 64;  // activation rows a thread runs its weight gro
 // bytes ahead of a group's blocks to prefetch: the hardware prefetcher alone left a
 // batch-1 product at ~8 GB/s a thread against ~30 GB/s the memory gives one thread
 static const long kPrefetchAhead = 2048;
+// activation rows from which the 512-bit path takes two weight groups at a time (take_pairs)
+static const long kPairMinRows = 3;
 
 // int8 activations: q [T, K], d and s [T, K/32]
 struct QAct {
@@ -274,6 +276,84 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+// Two groups at once (16 weight rows: group g's 8 in the low 256 bits, g + 1's in the high)
+// in 512-bit registers: half the instructions a weight of group_block, each activation
+// broadcast shared by both groups. Cores with two full-width 512-bit units (Intel) run it
+// ~2x as fast; Zen 4 splits each into two halves (no gain there, no loss). Every x8 format
+// but the half-scaled one (no 512-bit vpsignb: S8FX8 stays on group_block).
+#define CK_PAIR_SIMD 1
+// GCC 12's 512-bit intrinsics pass an undefined vector as the unused merge source, which its
+// -Wmaybe-uninitialized reports at every use (a false positive)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int QT>
+static constexpr bool pair_format() { return !half_scales<QT>(); }
+
+static inline __m512i load_pair(const uint8_t *p0, const uint8_t *p1) {
+  return _mm512_inserti64x4(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p0)),
+                            _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+static inline __m512 load_pair_f16(const uint8_t *p0, const uint8_t *p1) {
+  const __m128i h0 = _mm_loadu_si128((const __m128i *)p0), h1 = _mm_loadu_si128((const __m128i *)p1);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_broadcastsi128_si256(h0), h1, 1));
+}
+static inline __m512i bcast4x16(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// acc[t] (16 rows in 16 lanes) += group blocks p0, p1 . activation block b of rows t0 + t
+// (group_block's arithmetic, two groups wide)
+template <int QT, int TT>
+__attribute__((always_inline)) static inline void pair_block(const uint8_t *p0, const uint8_t *p1,
+                                                             const QAct &a, long t0, long k, long b,
+                                                             __m512 *acc) {
+  const uint8_t *q0 = p0 + scale_bytes<QT>(), *q1 = p1 + scale_bytes<QT>();
+  const int8_t *aq[TT];
+  __m512i s32[TT];
+  for (int t = 0; t < TT; ++t) {
+    aq[t] = a.q + (t0 + t) * k + b * kBlock;
+    s32[t] = _mm512_setzero_si512();
+  }
+  if (is_q4<QT>()) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = load_pair(q0 + 32 * c, q1 + 32 * c);
+      const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      for (int t = 0; t < TT; ++t) {
+        s32[t] = _mm512_dpbusd_epi32(s32[t], lo, bcast4x16(aq[t] + 4 * c));
+        s32[t] = _mm512_dpbusd_epi32(s32[t], hi, bcast4x16(aq[t] + 16 + 4 * c));
+      }
+    }
+  } else {  // byte codes: unsigned, or signed ones offset by 128 (offset_codes)
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = load_pair(q0 + 32 * c, q1 + 32 * c);
+      const __m512i u = offset_codes<QT>() ? _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)) : v;
+      for (int t = 0; t < TT; ++t) s32[t] = _mm512_dpbusd_epi32(s32[t], u, bcast4x16(aq[t] + 4 * c));
+    }
+  }
+  __m512 d, m = _mm512_setzero_ps();
+  if (QT == CK_INT8) {
+    d = _mm512_set1_ps(1.0f);
+  } else if (f32_scales<QT>()) {
+    d = _mm512_castsi512_ps(load_pair(p0, p1));
+    m = _mm512_castsi512_ps(load_pair(p0 + 32, p1 + 32));
+  } else {
+    d = load_pair_f16(p0, p1);
+  }
+  if (QT == CK_Q4_1) m = load_pair_f16(p0 + 16, p1 + 16);
+  if (QT == CK_Q4_0) m = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+  if (offset_codes<QT>()) m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0f));
+  for (int t = 0; t < TT; ++t) {
+    const long ai = (t0 + t) * a.nb + b;
+    const __m512 dot = _mm512_cvtepi32_ps(s32[t]);
+    acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a.d[ai])), acc[t]);
+    if (has_min<QT>() || offset_codes<QT>()) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ai]), acc[t]);
+  }
+}
+#endif
+
 #elif defined(__ARM_FEATURE_DOTPROD) && !defined(CK_NO_SIMD)
 #define CK_GROUP_SIMD 1
 static inline int8x16_t bcast4(const int8_t *p) {
@@ -365,6 +445,25 @@ static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, 
   }
   for (int t = 0; t < TT; ++t) v8_store(sums + t * kGroup, acc[t]);
 }
+#if defined(CK_PAIR_SIMD)
+// sums[t * 16 + r] = weight row r of groups wg, wg + gbytes (rows 8-15) . activation row
+// t0 + t, for t < TT
+template <int QT, int TT>
+static inline void pair_dot(const uint8_t *wg, long gbytes, const QAct &a, long t0, long k, float *sums) {
+  __m512 acc[TT];
+  for (int t = 0; t < TT; ++t) acc[t] = _mm512_setzero_ps();
+  const long gb = kGroup * block_bytes(QT);
+  for (long b = 0; b < a.nb; ++b) {
+    const uint8_t *p = wg + b * gb;
+    for (long l = 0; l < gb; l += 64) {
+      __builtin_prefetch(p + kPrefetchAhead + l);
+      __builtin_prefetch(p + gbytes + kPrefetchAhead + l);
+    }
+    pair_block<QT, TT>(p, p + gbytes, a, t0, k, b, acc);
+  }
+  for (int t = 0; t < TT; ++t) _mm512_storeu_ps(sums + t * 2 * kGroup, acc[t]);
+}
+#endif
 #else
 // the quantized value of row r, element i of a group block p (x8 layout)
 template <int QT>
@@ -408,37 +507,74 @@ static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, 
 }
 #endif
 
+// whether matmul_x8 on format QT takes two groups at a time (pair_dot) from `rows` activation
+// rows: not at batch 1 (act16: 2 rows), where a product streams its weights from memory and
+// two streams a group apart defeat the prefetcher (group_dot)
+template <int QT>
+static inline bool take_pairs(long rows) {
+#if defined(CK_PAIR_SIMD)
+  return pair_format<QT>() && rows >= kPairMinRows;
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
+// sums[t * 8 * ng + r] (r < 8 * ng) for the ng (1 or 2) groups at wg and activation rows t0 .. t0 + tt - 1
+template <int QT>
+static inline void groups_dot(int ng, const uint8_t *wg, long gbytes, const QAct &a, long t0, long tt,
+                              long k, float *sums) {
+#if defined(CK_PAIR_SIMD)
+  if (pair_format<QT>() && ng == 2) {
+    switch (tt) {
+      case 1: return pair_dot<QT, 1>(wg, gbytes, a, t0, k, sums);
+      case 2: return pair_dot<QT, 2>(wg, gbytes, a, t0, k, sums);
+      case 3: return pair_dot<QT, 3>(wg, gbytes, a, t0, k, sums);
+      case 4: return pair_dot<QT, 4>(wg, gbytes, a, t0, k, sums);
+      case 5: return pair_dot<QT, 5>(wg, gbytes, a, t0, k, sums);
+      case 6: return pair_dot<QT, 6>(wg, gbytes, a, t0, k, sums);
+      case 7: return pair_dot<QT, 7>(wg, gbytes, a, t0, k, sums);
+      default: return pair_dot<QT, 8>(wg, gbytes, a, t0, k, sums);
+    }
+  }
+#endif
+  (void)ng, (void)gbytes;
+  switch (tt) {
+    case 1: return group_dot<QT, 1>(wg, a, t0, k, sums);
+    case 2: return group_dot<QT, 2>(wg, a, t0, k, sums);
+    case 3: return group_dot<QT, 3>(wg, a, t0, k, sums);
+    case 4: return group_dot<QT, 4>(wg, a, t0, k, sums);
+    case 5: return group_dot<QT, 5>(wg, a, t0, k, sums);
+    case 6: return group_dot<QT, 6>(wg, a, t0, k, sums);
+    case 7: return group_dot<QT, 7>(wg, a, t0, k, sums);
+    default: return group_dot<QT, 8>(wg, a, t0, k, sums);
+  }
+}
+
 // out[rows / split, n]: split 2 (CK_ACT16) sums the products of activation rows 2t and 2t + 1
 // into output row t (the tiles and x blocks hold whole pairs: both even)
 template <int QT, typename T>
 static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, long rows, long n,
                       long k, T *out, const void *bias, int bias_dt, int split, int nthreads) {
   const long groups = (n + kGroup - 1) / kGroup, gbytes = a.nb * kGroup * block_bytes(QT);
-  const long chunk = (row_chunk(n, nthreads) + kGroup - 1) / kGroup;  // in groups
+  const bool pairs = take_pairs<QT>(rows);
+  long chunk = (row_chunk(n, nthreads) + kGroup - 1) / kGroup;  // in groups (whole pairs)
+  if (pairs) chunk += chunk % 2;
   parallel_for(groups, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
     for (long x0 = 0; x0 < rows; x0 += kXBlock) {  // a block of x stays in L2 across the groups
       const long x1 = rows - x0 < kXBlock ? rows : x0 + kXBlock;
-      for (long g = lo; g < hi; ++g) {
-        const uint8_t *wg = w + g * gbytes;
-        const long j0 = g * kGroup, nr = n - j0 < kGroup ? n - j0 : kGroup;
-        float scale[kGroup], bj[kGroup];
+      for (long g = lo, ng; g < hi; g += ng) {
+        ng = pairs && g + 1 < hi ? 2 : 1;
+        const long width = ng * kGroup, j0 = g * kGroup, nr = n - j0 < width ? n - j0 : width;
+        float scale[2 * kGroup], bj[2 * kGroup];
         row_params(row_scale, bias, bias_dt, j0, nr, scale, bj);
         for (long t0 = x0; t0 < x1; t0 += kTile) {
           const long tt = x1 - t0 < kTile ? x1 - t0 : kTile;
-          float sums[kTile * kGroup];  // [t * 8 + r]
-          switch (tt) {
-            case 1: group_dot<QT, 1>(wg, a, t0, k, sums); break;
-            case 2: group_dot<QT, 2>(wg, a, t0, k, sums); break;
-            case 3: group_dot<QT, 3>(wg, a, t0, k, sums); break;
-            case 4: group_dot<QT, 4>(wg, a, t0, k, sums); break;
-            case 5: group_dot<QT, 5>(wg, a, t0, k, sums); break;
-            case 6: group_dot<QT, 6>(wg, a, t0, k, sums); break;
-            case 7: group_dot<QT, 7>(wg, a, t0, k, sums); break;
-            default: group_dot<QT, 8>(wg, a, t0, k, sums); break;
-          }
+          float sums[kTile * 2 * kGroup];  // [t * width + r]
+          groups_dot<QT>((int)ng, w + g * gbytes, gbytes, a, t0, tt, k, sums);
           for (long t = 0; t < tt; t += split)
             for (long r = 0; r < nr; ++r) {
-              const float sum = split == 2 ? sums[t * kGroup + r] + sums[(t + 1) * kGroup + r] : sums[t * kGroup + r];
+              const float sum = split == 2 ? sums[t * width + r] + sums[(t + 1) * width + r] : sums[t * width + r];
               from_f32(sum * scale[r] + bj[r], &out[(t0 + t) / split * n + j0 + r]);
             }
         }

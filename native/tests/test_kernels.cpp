@@ -474,8 +474,10 @@ std::vector<uint8_t> interleave_x8(int qt, const std::vector<uint8_t> &rows, lon
 enum Act { kFloatAct, kInt8Act, kAct16 };
 const int kAct16Flag = 128;  // blocks.h: CK_ACT16
 
-void test_linear(Suite &s, int qt, long rows, Act act) {
-  const long n = 21, k = 96, nb = k / 32;
+// n = 21: three groups of 8 rows in the x8 layout (a pair and a partial one on AVX-512 VNNI's
+// two-group path), 13: a pair whose second group is partial
+void test_linear(Suite &s, int qt, long rows, Act act, long n = 21) {
+  const long k = 96, nb = k / 32;
   Weights w = make_weights(qt, n, k);
   auto x = randn(rows * k), bias = randn(n);
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
@@ -502,7 +504,8 @@ void test_linear(Suite &s, int qt, long rows, Act act) {
   const int status = s.fn<Linear>("linear")(code, wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
   const char *mode = act == kInt8Act ? " x8/int8-act" : act == kAct16 ? " x8/act16" : "";
-  const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows);
+  const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows) +
+                           (n != 21 ? " n=" + std::to_string(n) : "");
   if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
   s.check(name, out.data(), ref, 1e-4, 1e-4);
 }
@@ -552,6 +555,10 @@ int main(int argc, char **argv) {
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, kInt8Act);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kAct16);
+    for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8}) {
+      test_linear(s, qt, 5, kInt8Act, 13);
+      test_linear(s, qt, 9, kAct16, 13);
+    }
     run += s.run;
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;
