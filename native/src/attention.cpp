@@ -34,11 +34,35 @@ static inline long find_seq(const int32_t *starts, long num_seqs, long t) {
 template <typename C> struct RowOf { typedef C type; };
 template <> struct RowOf<uint8_t> { typedef float type; };
 
+// row[i] = the value of one-byte code p[i] (format `code`, fp8.h) * scale, for i < d: through
+// lut, or on x86 eight at a time as IEEE halves (F16C): E5M2 is a half's top byte; E4M3's seven
+// bits placed as a half's exponent and mantissa are its value * 2^-8, its subnormals a half's
+// (both exact, as are the products: lut[b] = half * 256 exactly), and 0x7f / 0xff its NaN
+static inline void fp8_row(const uint8_t *p, long d, int code, const float *lut, float scale, float *row) {
+  long i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  const bool e4m3 = code == CK_FP8_E4M3;
+  const __m256 s = _mm256_set1_ps(e4m3 ? 256.0f * scale : scale), nan = _mm256_set1_ps(__builtin_nanf(""));
+  const __m128i low7 = _mm_set1_epi16(0x7f), sign = _mm_set1_epi16(0x80);
+  for (; i + 8 <= d; i += 8) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i)));
+    const __m128i mag = _mm_and_si128(b, low7);
+    const __m128i h = e4m3 ? _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(b, sign), 8))
+                           : _mm_slli_epi16(b, 8);
+    __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+    if (e4m3) v = _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, low7))));
+    _mm256_storeu_ps(row + i, v);
+  }
+#endif
+  (void)code;
+  for (; i < d; ++i) row[i] = lut[p[i]] * scale;
+}
+
 // the cache K/V rows of keys j0 .. j0 + n - 1 for kv head kvh: pointers into the cache, or
-// (one-byte cache) rows decoded through lut and scaled into kbuf / vbuf
+// (one-byte cache of format code) rows decoded (fp8_row) and scaled into kbuf / vbuf
 template <typename C, typename R>
 static inline void cache_rows(const C *kc, const C *vc, const int32_t *table, long j0, long n,
-                              long block_size, long hk, long kvh, long d, const float *lut,
+                              long block_size, long hk, long kvh, long d, const float *lut, int code,
                               float k_scale, float v_scale, float (*kbuf)[kMaxHead],
                               float (*vbuf)[kMaxHead], const R **krow, const R **vrow) {
   long block = j0 / block_size, offset = j0 % block_size;  // of key j0 + j, stepped (no division a key)
@@ -47,10 +71,8 @@ static inline void cache_rows(const C *kc, const C *vc, const int32_t *table, lo
     const long slot = (long)table[block] * block_size + offset;
     const C *kr = kc + (slot * hk + kvh) * d, *vr = vc + (slot * hk + kvh) * d;
     if constexpr (sizeof(C) == 1) {
-      for (long i = 0; i < d; ++i) {
-        kbuf[j][i] = lut[kr[i]] * k_scale;
-        vbuf[j][i] = lut[vr[i]] * v_scale;
-      }
+      fp8_row((const uint8_t *)kr, d, code, lut, k_scale, kbuf[j]);
+      fp8_row((const uint8_t *)vr, d, code, lut, v_scale, vbuf[j]);
       krow[j] = kbuf[j];
       vrow[j] = vbuf[j];
     } else {
@@ -178,7 +200,7 @@ template <typename T, typename C>
 static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
                    const int32_t *starts, const int32_t *seq_lens, const int32_t *tables,
                    long table_stride, long tokens, long num_seqs, long hq, long hk, long d,
-                   long block_size, float scale, long window, const float *lut,
+                   long block_size, float scale, long window, const float *lut, int code,
                    float k_scale, float v_scale, int nthreads) {
   typedef typename RowOf<C>::type R;
   const long group = hq / hk;
@@ -224,7 +246,7 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
       for (long j0 = first_key; j0 < n_keys; j0 += kChunk) {
         const long n = imin_(kChunk, n_keys - j0);
         const R *krow[kChunk], *vrow[kChunk];
-        cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, k_scale, v_scale,
+        cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, code, k_scale, v_scale,
                          kbuf, vbuf, krow, vrow);
 #if defined(CK_V8)
         if (vec) group_scores<R>(heads, qf, krow, n, d, p);
@@ -314,20 +336,20 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
     if (dtype == CK_F32)
       attend<float, uint8_t>((float *)out, (const float *)q, q_stride, kc, vc, starts, seq_lens,
                              tables, table_stride, tokens, num_seqs, hq, hk, d, block_size,
-                             scale, window, lut, k_scale, v_scale, nthreads);
+                             scale, window, lut, cache_dtype, k_scale, v_scale, nthreads);
     else
       attend<bf16_t, uint8_t>((bf16_t *)out, (const bf16_t *)q, q_stride, kc, vc, starts,
                               seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d,
-                              block_size, scale, window, lut, k_scale, v_scale, nthreads);
+                              block_size, scale, window, lut, cache_dtype, k_scale, v_scale, nthreads);
   } else if (dtype == CK_F32) {
     attend<float, float>((float *)out, (const float *)q, q_stride, (const float *)k_cache,
                          (const float *)v_cache, starts, seq_lens, tables, table_stride,
-                         tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, 1.0f, 1.0f,
+                         tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, cache_dtype, 1.0f, 1.0f,
                          nthreads);
   } else {
     attend<bf16_t, bf16_t>((bf16_t *)out, (const bf16_t *)q, q_stride, (const bf16_t *)k_cache,
                            (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride,
-                           tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, 1.0f, 1.0f,
+                           tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, cache_dtype, 1.0f, 1.0f,
                            nthreads);
   }
 }

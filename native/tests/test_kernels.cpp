@@ -220,12 +220,25 @@ void test_rotary_silu(Suite &s) {
   s.check("silu_and_mul bf16", soutb.data(), sref, 1e-2, 1e-3);
 }
 
+// the value of one-byte code b of a one-byte cache format (written from the formats'
+// definitions: sign, exponent, mantissa, subnormals below the smallest exponent)
+double fp8_value(uint8_t b, int cache) {
+  const bool e4m3 = cache == FP8_E4M3;
+  const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int e = (b & 0x7f) >> man_bits, m = b & ((1 << man_bits) - 1);
+  if (e4m3 && (b & 0x7f) == 0x7f) return NAN;
+  const double mag = e == 0 ? ldexp(m, 1 - bias - man_bits) : ldexp(1.0 + ldexp(m, -man_bits), e - bias);
+  return b & 0x80 ? -mag : mag;
+}
+
 // Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
 // 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
 // with write_kv_cache through shuffled block tables, then attended. A one-byte cache
-// (cache = FP8_*) is written with scales and checked against the unrounded values within
-// the format's rounding (the Python tests compare its bytes with torch's exactly).
-void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0) {
+// (cache = FP8_*) is written with scales fp8_scale (K) and fp8_scale / 2.5 (V) and checked
+// against the unrounded values within the format's rounding (the Python tests compare its
+// bytes with torch's exactly), and against the values its bytes hold as closely as float32;
+// a large fp8_scale writes mostly subnormal codes.
+void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f) {
   const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
   if (!fp8) cache = dtype;
   const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
@@ -246,7 +259,7 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
   }
   const size_t es = dtype == F32 ? 4 : 2;
   const size_t cs = fp8 ? 1 : es;
-  const float k_scale = fp8 ? 0.05f : 1.0f, v_scale = fp8 ? 0.02f : 1.0f;
+  const float k_scale = fp8 ? fp8_scale : 1.0f, v_scale = fp8 ? fp8_scale / 2.5f : 1.0f;
   std::vector<uint8_t> kc(blocks * bs * row * cs, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
       kb(kv_rows * row * es), vb(kb.size());
   auto put = [&](std::vector<uint8_t> &dst, const std::vector<float> &src) {
@@ -264,6 +277,8 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
           : s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(), vc.data(),
                                             slots.data(), kv_rows, row * es, blocks * bs);
   const float scale = 1.0f / sqrtf((float)d);
+  // the attention of q over K/V rows kv (double)
+  auto reference = [&](const std::vector<double> (&kv)[2]) {
   std::vector<double> ref(tokens * hq * d);
   for (long t = 0; t < tokens; ++t) {
     const int sq = t < 5 ? 0 : 1;
@@ -288,13 +303,31 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
       }
     }
   }
+  return ref;
+  };
+  std::vector<double> kvd[2], held[2];  // the rows as given, and as a one-byte cache holds them
+  for (int c = 0; c < 2; ++c) {
+    kvd[c].assign(kv[c].begin(), kv[c].end());
+    held[c] = kvd[c];
+  }
+  if (fp8)
+    for (long r = 0; r < kv_rows; ++r)
+      for (long i = 0; i < row; ++i) {
+        held[0][r * row + i] = fp8_value(kc[slots[r] * row + i], cache) * k_scale;
+        held[1][r * row + i] = fp8_value(vc[slots[r] * row + i], cache) * v_scale;
+      }
+  const std::vector<double> ref = reference(kvd);
   std::vector<uint8_t> out(tokens * hq * d * es);
   s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
                                      v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, window, 2);
   const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
                            (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache" : "") +
-                           (window ? " window " + std::to_string(window) : "");
-  if (fp8) s.check(name, (const float *)out.data(), ref, cache == FP8_E4M3 ? 0.15 : 0.3, 0.1);
+                           (window ? " window " + std::to_string(window) : "") +
+                           (fp8 ? " scale " + std::to_string(fp8_scale) : "");
+  if (fp8) {
+    if (fp8_scale < 1.0f) s.check(name, (const float *)out.data(), ref, cache == FP8_E4M3 ? 0.15 : 0.3, 0.1);
+    s.check(name + " (held values)", (const float *)out.data(), reference(held), 1e-4, 1e-5);
+  }
   else if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
   else s.check(name, (const uint16_t *)out.data(), ref, 1e-2, 2e-3);
   std::vector<double> zero(1, 0.0);
@@ -544,7 +577,8 @@ int main(int argc, char **argv) {
     test_rotary_silu(s);
     for (long d : {64L, 40L}) test_attention(s, d, F32);
     test_attention(s, 64, BF16);
-    for (int cache : {FP8_E4M3, FP8_E5M2}) test_attention(s, 64, F32, cache);
+    for (int cache : {FP8_E4M3, FP8_E5M2})
+      for (float fp8_scale : {0.05f, 40.0f}) test_attention(s, 64, F32, cache, 0, fp8_scale);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
