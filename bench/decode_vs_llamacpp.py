@@ -97,6 +97,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--formats", default="Q4_1,Q4_0,Q8_0")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument(
+        "--llama-bench", type=Path, help="this llama-bench instead of the cached build's (another build of it)"
+    )
     parser.add_argument("--results", type=Path, help="also put the table into this file's decode-formats section")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: one engine run on this file
     a = parser.parse_args()
@@ -106,7 +109,7 @@ def main() -> int:
     import gguf_files
     import llamacpp
 
-    bench = llamacpp.ensure_tools("llama-bench")["llama-bench"]
+    bench = a.llama_bench or llamacpp.ensure_tools("llama-bench")["llama-bench"]
     files = gguf_files.ensure_gguf_files()
     load_before = os.getloadavg()[0]
     results = {}

@@ -589,9 +589,12 @@ int main(int argc, char **argv) {
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, kInt8Act);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kAct16);
-    for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8}) {
+    // 17 / 40 rows: several tiles of activation rows and a partial one
+    for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8}) {
       test_linear(s, qt, 5, kInt8Act, 13);
       test_linear(s, qt, 9, kAct16, 13);
+      test_linear(s, qt, 17, kInt8Act);
+      test_linear(s, qt, 40, kAct16, 13);
     }
     run += s.run;
     passed += s.passed;
