@@ -37,7 +37,7 @@ template <> struct RowOf<uint8_t> { typedef float type; };
 // row[i] = the value of one-byte code p[i] (format `code`, fp8.h) * scale, for i < d: through
 // lut, or on x86 eight at a time as IEEE halves (F16C): E5M2 is a half's top byte; E4M3's seven
 // bits placed as a half's exponent and mantissa are its value * 2^-8, its subnormals a half's
-// (both exact, as are the products: lut[b] = half * 256 exactly), and 0x7f / 0xff its NaN
+// (both exact, as are the products: lut[b] = half * 256 exactly); E4M3's 0x7f / 0xff are NaN
 static inline void fp8_row(const uint8_t *p, long d, int code, const float *lut, float scale, float *row) {
   long i = 0;
 #if defined(__AVX2__) && defined(__F16C__)
