@@ -277,33 +277,33 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
           : s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(), vc.data(),
                                             slots.data(), kv_rows, row * es, blocks * bs);
   const float scale = 1.0f / sqrtf((float)d);
-  // the attention of q over K/V rows kv (double)
-  auto reference = [&](const std::vector<double> (&kv)[2]) {
-  std::vector<double> ref(tokens * hq * d);
-  for (long t = 0; t < tokens; ++t) {
-    const int sq = t < 5 ? 0 : 1;
-    const long q_len = starts[sq + 1] - starts[sq], base = sq == 0 ? 0 : lens[0];
-    const long n_keys = lens[sq] - q_len + (t - starts[sq]) + 1;
-    const long first = window > 0 && n_keys > window ? n_keys - window : 0;  // keys before it: hidden
-    for (long h = 0; h < hq; ++h) {
-      const long kvh = h / group;
-      std::vector<double> p(n_keys, 0.0);
-      double mx = -1e300, sum = 0.0;
-      for (long j = first; j < n_keys; ++j) {
-        double dot = 0.0;
-        for (long i = 0; i < d; ++i) dot += (double)q[(t * hq + h) * d + i] * kv[0][(base + j) * row + kvh * d + i];
-        p[j] = dot * scale;
-        mx = p[j] > mx ? p[j] : mx;
-      }
-      for (long j = first; j < n_keys; ++j) sum += p[j] = exp(p[j] - mx);
-      for (long i = 0; i < d; ++i) {
-        double acc = 0.0;
-        for (long j = first; j < n_keys; ++j) acc += p[j] * kv[1][(base + j) * row + kvh * d + i];
-        ref[(t * hq + h) * d + i] = acc / sum;
+  // the attention of q over K/V rows (double)
+  auto reference = [&](const std::vector<double> (&rows)[2]) {
+    std::vector<double> ref(tokens * hq * d);
+    for (long t = 0; t < tokens; ++t) {
+      const int sq = t < 5 ? 0 : 1;
+      const long q_len = starts[sq + 1] - starts[sq], base = sq == 0 ? 0 : lens[0];
+      const long n_keys = lens[sq] - q_len + (t - starts[sq]) + 1;
+      const long first = window > 0 && n_keys > window ? n_keys - window : 0;  // keys before it: hidden
+      for (long h = 0; h < hq; ++h) {
+        const long kvh = h / group;
+        std::vector<double> p(n_keys, 0.0);
+        double mx = -1e300, sum = 0.0;
+        for (long j = first; j < n_keys; ++j) {
+          double dot = 0.0;
+          for (long i = 0; i < d; ++i) dot += (double)q[(t * hq + h) * d + i] * rows[0][(base + j) * row + kvh * d + i];
+          p[j] = dot * scale;
+          mx = p[j] > mx ? p[j] : mx;
+        }
+        for (long j = first; j < n_keys; ++j) sum += p[j] = exp(p[j] - mx);
+        for (long i = 0; i < d; ++i) {
+          double acc = 0.0;
+          for (long j = first; j < n_keys; ++j) acc += p[j] * rows[1][(base + j) * row + kvh * d + i];
+          ref[(t * hq + h) * d + i] = acc / sum;
+        }
       }
     }
-  }
-  return ref;
+    return ref;
   };
   std::vector<double> kvd[2], held[2];  // the rows as given, and as a one-byte cache holds them
   for (int c = 0; c < 2; ++c) {
