@@ -134,14 +134,18 @@ def measure(model: str | None, model_path: str, threads: int, seconds: int, prom
                      "logical_cpus": os.cpu_count(), "load_average_1m": [os.getloadavg()[0]]}  # fmt: skip
     for name, cmd in servers.items():
         results[name] = {"server_command": " ".join(cmd)}
-        with serve_part.server(cmd, name) as base_url:
-            run_profile(exe, base_url, "kind=synchronous", 5, tokenizer, prompt, output)  # warm-up
-            for label, profile in PROFILES.items():
-                before = ttft_histogram(base_url) if name == "core serve" else None
-                figures = run_profile(exe, base_url, profile, seconds, tokenizer, prompt, output)
-                if before is not None:
-                    figures["metrics_ttft"] = histogram_summary(before, ttft_histogram(base_url))
-                results[name][label] = figures
-                results["load_average_1m"].append(os.getloadavg()[0])
-                print(f"{name} {label}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+        try:
+            with serve_part.server(cmd, name) as base_url:
+                run_profile(exe, base_url, "kind=synchronous", 5, tokenizer, prompt, output)  # warm-up
+                for label, profile in PROFILES.items():
+                    before = ttft_histogram(base_url) if name == "core serve" else None
+                    figures = run_profile(exe, base_url, profile, seconds, tokenizer, prompt, output)
+                    if before is not None:
+                        figures["metrics_ttft"] = histogram_summary(before, ttft_histogram(base_url))
+                    results[name][label] = figures
+                    results["load_average_1m"].append(os.getloadavg()[0])
+                    print(f"{name} {label}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+        except RuntimeError as exc:  # a server that dies (llama-server's AMX path, seen) loses its rows only
+            results[name]["error"] = str(exc)
+            print(f"{name} failed: {exc}", file=sys.stderr, flush=True)
     return results

@@ -148,9 +148,10 @@ def latency_rows(d: dict) -> list[list[str]]:
     if "error" in lat:
         return [["-", "FAILED", lat["error"].splitlines()[-1][:300] if lat["error"] else "?", "", "", "", "", ""]]
     rows = []
-    profiles = [k for k in (lat.get("core serve") or {}) if k != "server_command"]
+    servers = ("core serve", "llama-server")
+    profiles = list(dict.fromkeys(k for s in servers for k, v in (lat.get(s) or {}).items() if isinstance(v, dict)))
     for profile in profiles:
-        for server in ("core serve", "llama-server"):
+        for server in servers:
             r = _get(lat, server, profile)
             if r is None:
                 continue
@@ -161,6 +162,10 @@ def latency_rows(d: dict) -> list[list[str]]:
             rows.append([profile, server, _num(some and _get(r, "ttft_ms", "p50"), 0),
                          _num(some and _get(r, "ttft_ms", "p95"), 0), _num(some and _get(r, "itl_ms", "p50")),
                          _num(r.get("output_tok_s")), both, f"{done.get('successful')} / {done.get('total')}"])  # fmt: skip
+    for server in servers:
+        error = _get(lat, server, "error")
+        if error:
+            rows.append(["-", server, "FAILED: " + error.splitlines()[0][:200], "", "", "", "", ""])
     return rows
 
 
