@@ -526,16 +526,18 @@ template <int QT>
 static inline void groups_dot(int ng, const uint8_t *wg, long gbytes, const QAct &a, long t0, long tt,
                               long k, float *sums) {
 #if defined(CK_PAIR_SIMD)
-  if (pair_format<QT>() && ng == 2) {
-    switch (tt) {
-      case 1: return pair_dot<QT, 1>(wg, gbytes, a, t0, k, sums);
-      case 2: return pair_dot<QT, 2>(wg, gbytes, a, t0, k, sums);
-      case 3: return pair_dot<QT, 3>(wg, gbytes, a, t0, k, sums);
-      case 4: return pair_dot<QT, 4>(wg, gbytes, a, t0, k, sums);
-      case 5: return pair_dot<QT, 5>(wg, gbytes, a, t0, k, sums);
-      case 6: return pair_dot<QT, 6>(wg, gbytes, a, t0, k, sums);
-      case 7: return pair_dot<QT, 7>(wg, gbytes, a, t0, k, sums);
-      default: return pair_dot<QT, 8>(wg, gbytes, a, t0, k, sums);
+  if constexpr (pair_format<QT>()) {  // ng is 2 only for these formats (take_pairs)
+    if (ng == 2) {
+      switch (tt) {
+        case 1: return pair_dot<QT, 1>(wg, gbytes, a, t0, k, sums);
+        case 2: return pair_dot<QT, 2>(wg, gbytes, a, t0, k, sums);
+        case 3: return pair_dot<QT, 3>(wg, gbytes, a, t0, k, sums);
+        case 4: return pair_dot<QT, 4>(wg, gbytes, a, t0, k, sums);
+        case 5: return pair_dot<QT, 5>(wg, gbytes, a, t0, k, sums);
+        case 6: return pair_dot<QT, 6>(wg, gbytes, a, t0, k, sums);
+        case 7: return pair_dot<QT, 7>(wg, gbytes, a, t0, k, sums);
+        default: return pair_dot<QT, 8>(wg, gbytes, a, t0, k, sums);
+      }
     }
   }
 #endif
