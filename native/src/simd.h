@@ -177,6 +177,48 @@ CK_INLINE void v8_half_pair(const uint8_t *p, v8 *d, v8 *m) {
 }
 #endif
 
+// The widest float vector of the build, for rows long enough to fill it (attention's head
+// rows): __m512 (kVW = 16 lanes) on AVX-512F builds, v8 elsewhere. vw_hsum(v, out):
+// out[i] = lane sum of v[i] for i < kVW.
+#if defined(__AVX512F__)
+typedef __m512 vw;
+static const int kVW = 16;
+CK_INLINE vw vw_zero() { return _mm512_setzero_ps(); }
+CK_INLINE vw vw_set1(float x) { return _mm512_set1_ps(x); }
+CK_INLINE vw vw_load(const float *p) { return _mm512_loadu_ps(p); }
+CK_INLINE vw vw_load(const bf16_t *p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+CK_INLINE void vw_store(float *p, vw v) { _mm512_storeu_ps(p, v); }
+CK_INLINE vw vw_fma(vw a, vw b, vw c) { return _mm512_fmadd_ps(a, b, c); }
+// 46 instructions for 16 sums: halves of pairs of vectors added (256-bit, then 128-bit
+// halves), then within 128-bit lanes twice; lane 4L + e then holds the sum of vector
+// {0, 8, 4, 12}[L] + {0, 2, 1, 3}[e], put in order by one permute
+CK_INLINE void vw_hsum(const vw *v, float *out) {
+  vw t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[i], t[i + 4], 0x88), _mm512_shuffle_f32x4(t[i], t[i + 4], 0xdd));
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[i], u[i + 2], 0x88), _mm512_shuffle_ps(u[i], u[i + 2], 0xdd));
+  const vw z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
+  const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, z));
+}
+#else
+typedef v8 vw;
+static const int kVW = 8;
+CK_INLINE vw vw_zero() { return v8_zero(); }
+CK_INLINE vw vw_set1(float x) { return v8_set1(x); }
+CK_INLINE vw vw_load(const float *p) { return v8_load(p); }
+CK_INLINE vw vw_load(const bf16_t *p) { return v8_load(p); }
+CK_INLINE void vw_store(float *p, vw v) { v8_store(p, v); }
+CK_INLINE vw vw_fma(vw a, vw b, vw c) { return v8_fma(a, b, c); }
+CK_INLINE void vw_hsum(const vw *v, float *out) { v8_hsum8x8(v, out); }
+#endif
+
 #undef CK_INLINE
 }  // namespace CK_NS
 #endif  // CK_V8
