@@ -41,11 +41,13 @@ def part_floors(a: argparse.Namespace) -> dict:
     shape = floors.read_gguf_shape(a.model_path)
     bw, rate = floors.memory_bandwidth(a.threads), floors.matmul_rate(a.threads)
     flops = floors.workload_flops(shape, a.num_seqs, a.prompt_len, a.gen_len)
+    kv_bytes = floors.workload_kv_bytes(shape, a.num_seqs, a.prompt_len, a.gen_len)
     return {
         "bandwidth_gb_s": bw / 1e9, "matmul_gflop_s": rate / 1e9, "gguf_mb": shape.file_bytes / 1e6,
         "params": shape.params, "vocab": shape.embed_params // shape.attn_width,
         "decode_floor_gguf": bw / shape.file_bytes, "decode_floor_fp32": bw / (4 * shape.params),
         "workload_gflop": flops / 1e9, "compute_ceiling_tok_s": a.num_seqs * a.gen_len / (flops / rate),
+        "workload_kv_gb": kv_bytes / 1e9, "generated_tokens": a.num_seqs * a.gen_len,
         "machine": floors.machine_info(),
     }  # fmt: skip
 
@@ -59,6 +61,12 @@ def best_floors(start: dict, end: dict) -> dict:
         **start,
         **{key: fast_memory[key] for key in ("bandwidth_gb_s", "decode_floor_gguf", "decode_floor_fp32")},
         **{key: fast_matmul[key] for key in ("matmul_gflop_s", "compute_ceiling_tok_s")},
+        # FLOPs at the faster matmul rate of the two runs, K/V reads at the higher bandwidth
+        "kv_bound_tok_s": start["generated_tokens"]
+        / (
+            start["workload_gflop"] / fast_matmul["matmul_gflop_s"]
+            + start["workload_kv_gb"] / fast_memory["bandwidth_gb_s"]
+        ),
     }
 
 

@@ -49,6 +49,7 @@ class ModelShape:
     tied: bool  # no separate output.weight: lm_head reads token_embd
     num_layers: int
     attn_width: int  # num_heads * head_dim
+    kv_width: int  # num_kv_heads * head_dim
 
     @property
     def lm_head_params(self) -> int:
@@ -79,6 +80,7 @@ def read_gguf_shape(path: str | Path) -> ModelShape:
         tied="output.weight" not in names,
         num_layers=meta("block_count"),
         attn_width=meta("embedding_length"),
+        kv_width=meta("embedding_length") * meta("attention.head_count_kv") // meta("attention.head_count"),
     )
 
 
@@ -93,6 +95,17 @@ def workload_flops(shape: ModelShape, num_seqs: int, prompt_len: int, gen_len: i
     total_ctx = sum(range(1, prompt_len + gen_len + 1))
     per_seq += 4 * total_ctx * shape.attn_width * shape.num_layers
     return float(num_seqs * per_seq)
+
+
+def workload_kv_bytes(shape: ModelShape, num_seqs: int, prompt_len: int, gen_len: int, itemsize: int = 4) -> float:
+    """Bytes of K/V cache the decode steps of ``num_seqs`` x (``prompt_len`` + ``gen_len``) read.
+
+    A token decoded at context c reads c K and c V rows of ``kv_width`` values a layer; with
+    nothing to share them between sequences, each is read once a step (prefill tokens read
+    theirs a few query tokens at a time and are left out).
+    """
+    contexts = sum(range(prompt_len + 1, prompt_len + gen_len + 1))
+    return float(num_seqs * 2 * contexts * shape.kv_width * itemsize * shape.num_layers)
 
 
 def machine_info() -> dict[str, str]:

@@ -38,6 +38,11 @@ def floors_rows(d: dict) -> list[list[str]]:
         ["batch-1 decode floor, fp32 bytes / bandwidth", f"{_num(_get(f, 'decode_floor_fp32'))} tok/s"],
         [f"{w} workload FLOPs", f"{_num(_get(f, 'workload_gflop'))} GFLOP"],
         [f"{w} compute ceiling, generated tok/s", f"{_num(_get(f, 'compute_ceiling_tok_s'))} tok/s"],
+        [f"{w} float32 K/V cache bytes its decode steps read", f"{_num(_get(f, 'workload_kv_gb'))} GB"],
+        [
+            f"{w} bound: FLOPs at the matmul rate + K/V reads at the bandwidth, generated tok/s",
+            f"{_num(_get(f, 'kv_bound_tok_s'))} tok/s",
+        ],
     ]
 
 
@@ -54,11 +59,11 @@ def compare_rows(d: dict) -> list[list[str]]:
     llama_32 = _get(d, "llamacpp", "batched_output_tok_s")
     hf_dec, hf_32 = _get(d, "hf", "decode_tok_s"), _get(d, "hf", "output_tok_s")
     vl_dec, vl_32, vl_pre = (_vllm_best(d, k) for k in ("decode_tok_s", "output_tok_s", "prefill_tok_s"))
-    ceiling = _get(f, "compute_ceiling_tok_s")
+    ceiling, bound = _get(f, "compute_ceiling_tok_s"), _get(f, "kv_bound_tok_s")
 
     def row(name: str, dec: float | None, floor: float | None, tp: float | None, pre: float | None) -> list[str]:
         return [name, _num(dec), _ratio(dec, floor), _ratio(dec, llama_dec), _ratio(dec, hf_dec), _ratio(dec, vl_dec),
-                _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32), _ratio(tp, hf_32), _ratio(tp, vl_32),
+                _num(tp), _ratio(tp, ceiling), _ratio(tp, bound), _ratio(tp, llama_32), _ratio(tp, hf_32), _ratio(tp, vl_32),
                 _num(pre), _ratio(pre, vl_pre)]  # fmt: skip
 
     rows = []
@@ -74,7 +79,7 @@ def compare_rows(d: dict) -> list[list[str]]:
         if key.startswith("serve:") and "error" not in res:
             name = f"core serve ({key.split(':', 1)[1]}), {_get(d, 'setup', 'num_seqs')} streams"
             tp = res.get("output_tok_s")
-            rows.append([name, "-", "-", "-", "-", "-", _num(tp), _ratio(tp, ceiling), _ratio(tp, llama_32),
+            rows.append([name, "-", "-", "-", "-", "-", _num(tp), _ratio(tp, ceiling), _ratio(tp, bound), _ratio(tp, llama_32),
                          _ratio(tp, hf_32), _ratio(tp, vl_32), "-", "-"])  # fmt: skip
     fp32_floor = _get(f, "decode_floor_fp32")
     for key, res in sorted(d.items()):
@@ -91,7 +96,7 @@ def compare_rows(d: dict) -> list[list[str]]:
 
 
 COMPARE_HEADER = ["system", "batch-1 decode tok/s", "vs BW floor", "vs llama.cpp", "vs HF", "vs vLLM",
-                  "batched gen tok/s", "vs compute ceiling", "vs llama.cpp", "vs HF", "vs vLLM",
+                  "batched gen tok/s", "vs compute ceiling", "vs K/V bound", "vs llama.cpp", "vs HF", "vs vLLM",
                   "prefill tok/s", "vs vLLM"]  # fmt: skip
 
 
