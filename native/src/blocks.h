@@ -186,6 +186,9 @@ static inline void row_params(const float *row_scale, const void *bias, int bias
 // From this many activation rows on, the float32 products run the panel kernel (matvec.cpp:
 // row_dot's code for 7 rows ran 1.4x slower than the panel's on Zen 1)
 static const long kPanelMin = 7;
+// AMX builds: from this many rows, the panel path's products run on the tile unit (matvec.cpp;
+// the one-thread crossover with the int16 x8 kernel on an Intel Xeon, 1536 x 576 Q4_0 / Q8_0)
+static const long kAmxMinRows = 64;
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row
 // format QT (Q8_0, Q4_0, Q4_1, int8 as those formats store a block; a float-scaled code as its

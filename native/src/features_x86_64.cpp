@@ -29,6 +29,7 @@ static uint64_t xgetbv0(void) {
 static const int kAvx2 = CK_HAS_AVX2 | CK_HAS_FMA | CK_HAS_F16C;
 static const int kAvx512 = kAvx2 | CK_HAS_AVX512F | CK_HAS_AVX512BW | CK_HAS_AVX512VL | CK_HAS_AVX512DQ;
 const CKIsa kIsas[] = {
+    {"avx512amx", kAvx512 | CK_HAS_AVX512VNNI | CK_HAS_AMX},
     {"avx512vnni", kAvx512 | CK_HAS_AVX512VNNI},
     {"avx512", kAvx512},
     {"avx2", kAvx2},
@@ -62,7 +63,8 @@ int ck_cpu_features(void) {
     if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) && (a71 & (1u << 5)))
       f |= CK_HAS_AVX512BF16;
   }
-  if (amx_os && (d7 & (1u << 24)) && (d7 & (1u << 25))) f |= CK_HAS_AMX;  // AMX-TILE, -INT8
+  if (amx_os && (d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22)))
+    f |= CK_HAS_AMX;  // AMX-TILE, -INT8 and -BF16
   return f;
 }
 

@@ -7,6 +7,10 @@
 // rows: dequantized panels and a register-tiled micro-kernel (gemm_panel), as fast here as
 // torch's GEMM on the float32 weights.
 #include <stdlib.h>
+#if defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "blocks.h"
 #include "simd.h"
@@ -324,6 +328,186 @@ static inline void panel_rows(const float *wp, long k, const float *x, long xs, 
   }
 }
 
+// weight rows j .. j + rw - 1 (format QT, an x8 code read as stored) dequantized into wp
+// (rw rows of nb blocks)
+template <int QT>
+static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long rw, float *wp) {
+  constexpr bool x8 = is_x8(QT);
+  constexpr int RQT = x8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
+  const long k = nb * kBlock;
+  for (long r = 0; r < rw; ++r)
+    for (long b = 0; b < nb; ++b) {
+      v8 v[4];
+      if constexpr (x8) {
+        uint8_t stored[40];  // the largest block: U8FX8's and S8FX8's
+        x8_row_block<RQT>(w, nb, j + r, b, stored);
+        decode_block<RQT>(stored, 0, v);
+      } else {
+        decode_block<QT>(w + (j + r) * rb, b, v);
+      }
+      for (int q = 0; q < 4; ++q) v8_store(wp + r * k + b * kBlock + 8 * q, v[q]);
+    }
+}
+
+#if defined(__AMX_BF16__)
+// AMX builds: from kAmxMinRows activation rows, the float32 products on the tile unit. A
+// float32 value is hi + lo, two bfloat16: hi it rounded, lo the rest rounded (8 + 8
+// significant bits and a sign: Q4_0's weights, d * (q - 8), hold up to 15 and are exact), and
+// x . w = xhi . whi + xhi . wlo + xlo . whi with float32 accumulation: three TDPBF16PS where
+// the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
+// product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
+// and runs every activation row over them 16 at a time.
+
+// whether the tile registers may be used: Linux hands a process their state when asked
+static bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                    18 /* XFEATURE_XTILEDATA */) == 0;
+  return ready;
+}
+
+// the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)
+static inline void amx_configure() {
+  struct alignas(64) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg = {};
+  cfg.palette = 1;
+  for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// the float32 bits of 16 values rounded to bfloat16 (to nearest even), in the top 16 bits
+static inline __m512i round_bf16(__m512i bits) {
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  return _mm512_and_si512(up, _mm512_set1_epi32((int)0xffff0000));
+}
+
+// hi and lo bfloat16 halves of 32 floats (hi = x rounded, lo = x - hi rounded: x to ~2^-17),
+// each as 32 16-bit lanes in order
+static inline void split32(const float *x, __m512i *hi, __m512i *lo) {
+  __m256i h[2], l[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 v = _mm512_loadu_ps(x + 16 * i);
+    const __m512i top = round_bf16(_mm512_castps_si512(v));
+    const __m512i rest = round_bf16(_mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(top))));
+    h[i] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(top, 16));
+    l[i] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rest, 16));
+  }
+  *hi = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+  *lo = _mm512_inserti64x4(_mm512_castsi256_si512(l[0]), l[1], 1);
+}
+
+// out[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit values in 64 shuffles
+static inline void transpose16(const __m512i *r, __m512i *out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // the 4 x 4 lanes of u[c], u[4 + c], u[8 + c], u[12 + c] transposed
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+    out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    out[8 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    out[4 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+  }
+}
+
+// 32 dequantized weight rows wp [32, k] as B tiles: for each 32-value step s of k, column
+// blocks c = 0, 1 (rows 16c ..), hi then lo, 16 rows (pairs of k) x 16 columns x 2 values
+// (TDPBF16PS's pairs layout); 2048 values a step. A weight row's 16 pairs of a step become a
+// column of the tile: a transpose of 16 rows' pairs
+static inline void amx_pack_weights(const float *wp, long k, uint16_t *bp) {
+  for (long s = 0; s < k / 32; ++s)
+    for (int c = 0; c < 2; ++c) {
+      __m512i hi[16], lo[16], rows[16];
+      for (int j = 0; j < 16; ++j) split32(wp + (16 * c + j) * k + 32 * s, &hi[j], &lo[j]);
+      uint16_t *tile = bp + s * 2048 + c * 1024;
+      transpose16(hi, rows);
+      for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
+      transpose16(lo, rows);
+      for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 512 + 32 * kk, rows[kk]);
+    }
+}
+
+template <int QT, typename T>
+static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+                    long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
+  const long rb = row_bytes(is_x8(QT) && QT <= CK_INT8X8 ? QT - CK_X8 : QT, k), nb = k / kBlock;
+  const long padded = (rows + 15) / 16 * 16, steps = k / 32, groups = (n + 31) / 32;
+  uint16_t *a = (uint16_t *)aligned_alloc(64, 2 * padded * k * sizeof(uint16_t));  // hi rows, then lo rows
+  if (!a) return -1;
+  uint16_t *alo = a + padded * k;
+  for (long r = 0; r < padded; ++r)
+    for (long s = 0; s < steps; ++s) {
+      __m512i hi = _mm512_setzero_si512(), lo = hi;
+      if (r < rows) split32(x + r * xs + 32 * s, &hi, &lo);
+      _mm512_store_si512(a + r * k + 32 * s, hi);
+      _mm512_store_si512(alo + r * k + 32 * s, lo);
+    }
+  int failed = 0;
+  parallel_for(groups, 1, nthreads, true, [&](long lo_g, long hi_g) {
+    float *wp = (float *)aligned_alloc(64, 32 * k * sizeof(float));
+    uint16_t *bp = (uint16_t *)aligned_alloc(64, steps * 2048 * sizeof(uint16_t));
+    if (!wp || !bp) {
+      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+      free(wp), free(bp);
+      return;
+    }
+    amx_configure();
+    alignas(64) float c[16][32];
+    for (long g = lo_g; g < hi_g; ++g) {
+      const long j = 32 * g, rw = n - j < 32 ? n - j : 32;
+      if (QT == CK_F32W)
+        memcpy(wp, w + j * rb, rw * k * sizeof(float));
+      else
+        dequant_rows<QT>(w, rb, nb, j, rw, wp);
+      memset(wp + rw * k, 0, (32 - rw) * k * sizeof(float));
+      amx_pack_weights(wp, k, bp);
+      float scale[32], bj[32];
+      row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
+      for (long r0 = 0; r0 < padded; r0 += 16) {
+        _tile_zero(0);
+        _tile_zero(1);
+        for (long s = 0; s < steps; ++s) {
+          const uint16_t *b = bp + s * 2048;
+          _tile_loadd(2, a + r0 * k + 32 * s, k * 2);
+          _tile_loadd(3, alo + r0 * k + 32 * s, k * 2);
+          _tile_loadd(4, b, 64);
+          _tile_loadd(5, b + 512, 64);
+          _tile_loadd(6, b + 1024, 64);
+          _tile_loadd(7, b + 1536, 64);
+          _tile_dpbf16ps(0, 2, 4);
+          _tile_dpbf16ps(0, 2, 5);
+          _tile_dpbf16ps(0, 3, 4);
+          _tile_dpbf16ps(1, 2, 6);
+          _tile_dpbf16ps(1, 2, 7);
+          _tile_dpbf16ps(1, 3, 6);
+        }
+        _tile_stored(0, &c[0][0], 128);
+        _tile_stored(1, &c[0][16], 128);
+        for (long t = 0; t < 16 && r0 + t < rows; ++t)
+          for (long q = 0; q < rw; ++q) from_f32(c[t][q] * scale[q] + bj[q], &out[(r0 + t) * n + j + q]);
+      }
+    }
+    _tile_release();
+    free(wp), free(bp);
+  });
+  free(a);
+  return failed ? -1 : 0;
+}
+#endif
+
 // Many activation rows (batched decode, prefill): each group of kPanelW weight rows is
 // dequantized into an L1 panel of float32, then multiplied into a block of activation
 // rows, kPanelX at a time, with a register tile (the FMA:load ratio of a GEMM micro-
@@ -335,8 +519,11 @@ template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-  constexpr bool x8 = is_x8(QT);
-  constexpr int RQT = x8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
+#if defined(__AMX_BF16__)
+  if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
+    return amx_gemm<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
+#endif
+  constexpr int RQT = is_x8(QT) && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
   const long rb = row_bytes(RQT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
@@ -354,18 +541,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
       for (long g = lo; g < hi; ++g) {
         const long j = kPanelW * g, rw = n - j < kPanelW ? n - j : kPanelW;
         const float *panel = QT == CK_F32W ? (const float *)(w + j * rb) : wp;
-        for (long r = 0; r < rw && QT != CK_F32W; ++r)
-          for (long b = 0; b < nb; ++b) {
-            v8 v[4];
-            if constexpr (x8) {
-              uint8_t stored[40];  // the largest block: U8FX8's and S8FX8's
-              x8_row_block<RQT>(w, nb, j + r, b, stored);
-              decode_block<RQT>(stored, 0, v);
-            } else {
-              decode_block<QT>(w + (j + r) * rb, b, v);
-            }
-            for (int q = 0; q < 4; ++q) v8_store(wp + r * k + b * kBlock + 8 * q, v[q]);
-          }
+        if (QT != CK_F32W) dequant_rows<QT>(w, rb, nb, j, rw, wp);
         float scale[kPanelW], bj[kPanelW];
         row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
         for (long t0 = x0; t0 < x1; t0 += kPanelX) {

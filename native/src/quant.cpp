@@ -48,7 +48,9 @@ static const int kTile = 4;
 // (matvec.cpp). AVX-512VL builds: never (Zen 4, one thread, 1536 x 576 Q4_0 and Q8_0: int16
 // 1.6x the panel's speed at 8 rows, 1.25-1.35x at 128); other builds from kPanelMin (the AVX2
 // build on that CPU: int16 on Q8_0 0.86x the panel at 8 rows, 0.64x at 128; no VNNI there).
-#if defined(__AVX512VL__)
+#if defined(__AMX_BF16__)
+static const long kAct16PanelMin = kAmxMinRows;  // AMX builds: the panel path's tile kernel
+#elif defined(__AVX512VL__)
 static const long kAct16PanelMin = LONG_MAX;
 #else
 static const long kAct16PanelMin = kPanelMin;

@@ -5,6 +5,7 @@
 // Data is made in the host's byte order, as the kernels see weights after loading (on
 // s390x, big-endian: plugin_s390x converts the little-endian files at load).
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -514,11 +515,13 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21) {
   Weights w = make_weights(qt, n, k);
   auto x = randn(rows * k), bias = randn(n);
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
-  // rounded per block of 32 as quant.cpp does: to int8, or to int16 (127 * 256 levels) at every
-  // row count where quant.cpp's kAct16PanelMin is never (AVX-512 builds; the scalar build has
-  // no panel kernel), else below 7 rows
-  const bool all_int16 = s.isa == "scalar" || s.isa.rfind("avx512", 0) == 0;
-  const bool int16 = act == kAct16 && (rows < 7 || all_int16);
+  // rounded per block of 32 as quant.cpp does: to int8, or to int16 (127 * 256 levels) below
+  // quant.cpp's kAct16PanelMin rows: 64 in the AMX build (blocks.h kAmxMinRows), never in the
+  // other AVX-512 builds and the scalar one (no panel kernel), else 7
+  const long panel_from = s.isa == "avx512amx"                                 ? 64
+                          : s.isa == "scalar" || s.isa.rfind("avx512", 0) == 0 ? LONG_MAX
+                                                                               : 7;
+  const bool int16 = act == kAct16 && rows < panel_from;
   const float levels = act == kInt8Act ? 127.0f : int16 ? 32512.0f : 0.0f;
   if (levels > 0.0f)
     for (long r = 0; r < rows; ++r)
@@ -540,7 +543,15 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21) {
   const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows) +
                            (n != 21 ? " n=" + std::to_string(n) : "");
   if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
-  s.check(name, out.data(), ref, 1e-4, 1e-4);
+  double atol = 1e-4;
+  if (act == kAct16 && !int16 && s.isa == "avx512amx") {  // bfloat16 hi + lo products: 2^-15 of sum |x w|
+    std::vector<double> wabs(w.deq), xabs(xq);
+    const std::vector<float> zero(n, 0.0f);
+    for (double &v : wabs) v = fabs(v);
+    for (double &v : xabs) v = fabs(v);
+    for (double v : reference_linear(wabs, xabs, zero, rows, n, k)) atol = fmax(atol, v / 32768.0);
+  }
+  s.check(name, out.data(), ref, 1e-4, atol);
 }
 
 }  // namespace
@@ -595,6 +606,7 @@ int main(int argc, char **argv) {
       test_linear(s, qt, 9, kAct16, 13);
       test_linear(s, qt, 17, kInt8Act);
       test_linear(s, qt, 40, kAct16, 13);
+      test_linear(s, qt, 70, kAct16, 37);  // AMX builds: 4 full tiles of rows and a partial one, 32 + 5 columns
     }
     run += s.run;
     passed += s.passed;

@@ -33,7 +33,7 @@ def test_identity_and_device_info():
     assert plat.is_available() and plat.unavailable_reason() is None
     info = plat.device_info()
     assert info["num_cpus"] >= 1 and info["memory_total_gib"] > 0
-    assert info["kernel_isa"] in ("avx512vnni", "avx512", "avx2", "scalar")
+    assert info["kernel_isa"] in ("avx512amx", "avx512vnni", "avx512", "avx2", "scalar")
     assert set(info["isa"]) <= set(cpuinfo.ISA_FLAGS.values())
 
 
@@ -65,6 +65,8 @@ def test_env_values():
 def test_isa_selection():
     full = ["AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI"]
     assert select_isa(ISA_TABLE, "auto", full) == "avx512vnni"
+    assert select_isa(ISA_TABLE, "auto", [*full, "AMX"]) == "avx512amx"
+    assert select_isa(ISA_TABLE, "avx512", [*full, "AMX"]) == "avx512vnni"  # the way to leave the tile unit off
     assert select_isa(ISA_TABLE, "avx512", full[:-1]) == "avx512"
     assert select_isa(ISA_TABLE, "avx2", full) == "avx2"
     assert select_isa(ISA_TABLE, "auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C
