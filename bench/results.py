@@ -236,7 +236,9 @@ def render_markdown(d: dict) -> str:
         f"the same shape (`-npp {setup.get('prompt_len')} -ntg {setup.get('gen_len')} -npl {n}`), figure = "
         "npl * ntg / its total time T.",
         "Bandwidth floor: weights bytes / measured copy bandwidth (a decode step streams every weight once). "
-        "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate. Both limits are "
+        "Compute ceiling: the workload's matmul + attention FLOPs / measured fp32 matmul rate. K/V bound: those "
+        "FLOPs at that rate plus the float32 K/V cache rows the decode steps read (each sequence's whole context "
+        "a step) at the copy bandwidth. The limits are "
         "measured at the start and at the end of the invocation and the higher reading kept (this machine's speed "
         "drifts over minutes; a slow spell would flatter every ratio to a limit).",
         "Prefill: one random-token prompt, 1 generated token, prompt tokens / wall time; best of two, prefix "
@@ -285,7 +287,8 @@ def write_section(path: str | Path, name: str, body: str) -> None:
 
 
 def keep_marked_sections(old: str, new: str) -> str:
-    """``new`` (a fresh render) with the marked sections of ``old`` (other benchmarks' figures) kept."""
-    for name, section in _sections(old).items():
-        new = put_section(new, name, section.split("\n", 1)[1].rsplit("<!-- /section:", 1)[0])
-    return new
+    """``new`` (a fresh render of the main run) followed by ``old`` from its first marked section
+    on, verbatim: the other benchmarks' sections and the notes written between them (the main
+    run's own notes, before that, go with the figures they were about)."""
+    start = old.find("<!-- section:")
+    return new if start < 0 else new.rstrip("\n") + "\n\n" + old[start:]

@@ -39,7 +39,7 @@ ISA_TABLE = IsaTable(
 
 
 class CpuX86Platform(NativeCpuPlatform):
-    """x86-64 CPUs. Kernels: AVX-512 (+VNNI), AVX2+FMA or portable C++, chosen from cpuid.
+    """x86-64 CPUs. Kernels: AVX-512 (+VNNI, +AMX tiles), AVX2+FMA or portable C++, chosen from cpuid.
 
     Thread binding (:meth:`init_device`) pins the calling thread, which must be the
     one that runs the model, the kernels' thread pool and torch's OpenMP team to the
