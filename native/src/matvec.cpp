@@ -357,6 +357,7 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
+static const long kAmxSteps = 4;
 
 // whether the tile registers may be used: Linux hands a process their state when asked
 static bool amx_ready() {
@@ -459,13 +460,13 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
   parallel_for(groups, 1, nthreads, true, [&](long lo_g, long hi_g) {
     float *wp = (float *)aligned_alloc(64, 32 * k * sizeof(float));
     uint16_t *bp = (uint16_t *)aligned_alloc(64, steps * 2048 * sizeof(uint16_t));
-    if (!wp || !bp) {
+    float *c = (float *)aligned_alloc(64, padded * 32 * sizeof(float));  // [padded rows, 32 columns]
+    if (!wp || !bp || !c) {
       __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-      free(wp), free(bp);
+      free(wp), free(bp), free(c);
       return;
     }
     amx_configure();
-    alignas(64) float c[16][32];
     for (long g = lo_g; g < hi_g; ++g) {
       const long j = 32 * g, rw = n - j < 32 ? n - j : 32;
       if (QT == CK_F32W)
@@ -476,32 +477,42 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
       amx_pack_weights(wp, k, bp);
       float scale[32], bj[32];
       row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
-      for (long r0 = 0; r0 < padded; r0 += 16) {
-        _tile_zero(0);
-        _tile_zero(1);
-        for (long s = 0; s < steps; ++s) {
-          const uint16_t *b = bp + s * 2048;
-          _tile_loadd(2, a + r0 * k + 32 * s, k * 2);
-          _tile_loadd(3, alo + r0 * k + 32 * s, k * 2);
-          _tile_loadd(4, b, 64);
-          _tile_loadd(5, b + 512, 64);
-          _tile_loadd(6, b + 1024, 64);
-          _tile_loadd(7, b + 1536, 64);
-          _tile_dpbf16ps(0, 2, 4);
-          _tile_dpbf16ps(0, 2, 5);
-          _tile_dpbf16ps(0, 3, 4);
-          _tile_dpbf16ps(1, 2, 6);
-          _tile_dpbf16ps(1, 2, 7);
-          _tile_dpbf16ps(1, 3, 6);
+      // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
+      // rows, the sums parked in c between: one B tile load per TDPBF16PS from L2 is slower
+      for (long s0 = 0; s0 < steps; s0 += kAmxSteps) {
+        const long s1 = s0 + kAmxSteps < steps ? s0 + kAmxSteps : steps;
+        for (long r0 = 0; r0 < padded; r0 += 16) {
+          if (s0 == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+          } else {
+            _tile_loadd(0, c + r0 * 32, 128);
+            _tile_loadd(1, c + r0 * 32 + 16, 128);
+          }
+          for (long s = s0; s < s1; ++s) {
+            const uint16_t *b = bp + s * 2048;
+            _tile_loadd(2, a + r0 * k + 32 * s, k * 2);
+            _tile_loadd(3, alo + r0 * k + 32 * s, k * 2);
+            _tile_loadd(4, b, 64);
+            _tile_loadd(5, b + 512, 64);
+            _tile_loadd(6, b + 1024, 64);
+            _tile_loadd(7, b + 1536, 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(0, 2, 5);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_dpbf16ps(1, 2, 6);
+            _tile_dpbf16ps(1, 2, 7);
+            _tile_dpbf16ps(1, 3, 6);
+          }
+          _tile_stored(0, c + r0 * 32, 128);
+          _tile_stored(1, c + r0 * 32 + 16, 128);
         }
-        _tile_stored(0, &c[0][0], 128);
-        _tile_stored(1, &c[0][16], 128);
-        for (long t = 0; t < 16 && r0 + t < rows; ++t)
-          for (long q = 0; q < rw; ++q) from_f32(c[t][q] * scale[q] + bj[q], &out[(r0 + t) * n + j + q]);
       }
+      for (long t = 0; t < rows; ++t)
+        for (long q = 0; q < rw; ++q) from_f32(c[t * 32 + q] * scale[q] + bj[q], &out[t * n + j + q]);
     }
     _tile_release();
-    free(wp), free(bp);
+    free(wp), free(bp), free(c);
   });
   free(a);
   return failed ? -1 : 0;

@@ -510,8 +510,8 @@ const int kAct16Flag = 128;  // blocks.h: CK_ACT16
 
 // n = 21: three groups of 8 rows in the x8 layout (a pair and a partial one on AVX-512 VNNI's
 // two-group path), 13: a pair whose second group is partial
-void test_linear(Suite &s, int qt, long rows, Act act, long n = 21) {
-  const long k = 96, nb = k / 32;
+void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96) {
+  const long nb = k / 32;
   Weights w = make_weights(qt, n, k);
   auto x = randn(rows * k), bias = randn(n);
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
@@ -541,7 +541,7 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21) {
                                             n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
   const char *mode = act == kInt8Act ? " x8/int8-act" : act == kAct16 ? " x8/act16" : "";
   const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows) +
-                           (n != 21 ? " n=" + std::to_string(n) : "");
+                           (n != 21 ? " n=" + std::to_string(n) : "") + (k != 96 ? " k=" + std::to_string(k) : "");
   if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
   double atol = 1e-4;
   if (act == kAct16 && !int16 && s.isa == "avx512amx") {  // bfloat16 hi + lo products: 2^-15 of sum |x w|
@@ -606,7 +606,8 @@ int main(int argc, char **argv) {
       test_linear(s, qt, 9, kAct16, 13);
       test_linear(s, qt, 17, kInt8Act);
       test_linear(s, qt, 40, kAct16, 13);
-      test_linear(s, qt, 70, kAct16, 37);  // AMX builds: 4 full tiles of rows and a partial one, 32 + 5 columns
+      // AMX builds: 4 full tiles of rows and a partial one, 32 + 5 columns, k in 4 + 1 steps of 32
+      test_linear(s, qt, 70, kAct16, 37, 160);
     }
     run += s.run;
     passed += s.passed;
