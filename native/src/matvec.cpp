@@ -357,7 +357,7 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
-static const long kAmxSteps = 4;
+static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
 
 // whether the tile registers may be used: Linux hands a process their state when asked
 static bool amx_ready() {
