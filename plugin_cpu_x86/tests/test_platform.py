@@ -118,13 +118,3 @@ def test_init_device_binds_threads(monkeypatch):
     # the second binding (another platform object) still plans every CPU the process may use
     assert seen == [([mine[0]], len(mine)), ([mine[0]], len(mine))]
     assert plat.frontend_cpus == mine and plat.get_extension("frontend_cpus") is None
-
-
-def test_amx_kernels_take_a_bigger_step_budget(monkeypatch):
-    """0.3 s of prefill at the AMX build's 750 tokens/s a core (the base's 250 elsewhere)."""
-    plat = CpuX86Platform()
-    monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", f"{process_cpus()[0]}")
-    monkeypatch.setattr(CpuX86Platform, "kernel_isa", lambda self, features: "avx512amx")
-    assert plat.default_max_num_batched_tokens(engine_config()) == 240  # 225 -> a multiple of 16
-    monkeypatch.setattr(CpuX86Platform, "kernel_isa", lambda self, features: "avx512vnni")
-    assert plat.default_max_num_batched_tokens(engine_config()) == 80

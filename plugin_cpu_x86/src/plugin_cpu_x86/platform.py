@@ -38,11 +38,6 @@ ISA_TABLE = IsaTable(
 )
 
 
-#: the AMX build's prefill rate (prompt tokens/s a core) for the default step budget: measured
-#: 1510-1630 tok/s on two Intel Xeon cores for the default model (32x128 and 1x512 prompts)
-AMX_PREFILL_TOKENS_PER_S_PER_CORE = 750
-
-
 class CpuX86Platform(NativeCpuPlatform):
     """x86-64 CPUs. Kernels: AVX-512 (+VNNI, +AMX tiles), AVX2+FMA or portable C++, chosen from cpuid.
 
@@ -61,12 +56,6 @@ class CpuX86Platform(NativeCpuPlatform):
         if machine() in X86_MACHINES:
             return None
         return f"not an x86-64 machine (platform.machine() is {machine()!r})"
-
-    def prefill_tokens_per_s_per_core(self) -> float:
-        """Three times the base rate where the tile unit prefills (the ``avx512amx`` kernels)."""
-        if self.kernel_isa(read_cpuinfo().isa) == "avx512amx":
-            return AMX_PREFILL_TOKENS_PER_S_PER_CORE
-        return super().prefill_tokens_per_s_per_core()
 
     def device_info(self) -> dict[str, Any]:
         info = read_cpuinfo()

@@ -236,24 +236,18 @@ class CpuPlatform(Platform):
     def make_memory_profiler(self):
         return CpuMemoryProfiler(self)
 
-    def prefill_tokens_per_s_per_core(self) -> float:
-        """The prefill rate the default step budget assumes, prompt tokens/s a compute core:
-        :data:`PREFILL_TOKENS_PER_S_PER_CORE`; a plugin whose kernels prefill faster says so."""
-        return PREFILL_TOKENS_PER_S_PER_CORE
-
     def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
         """:data:`STEP_PREFILL_SECONDS` of prefill on the cores of one engine replica (its
         tensor-parallel ranks compute each step together; rank 0's share, as :meth:`init_device`
-        will bind it, times their number), :meth:`prefill_tokens_per_s_per_core` each, rounded
-        up to a multiple of 16 and kept within [64, 2048]: 160 on 2 cores at 250 tokens/s a
-        core, 2048 from 28 up."""
+        will bind it, times their number), :data:`PREFILL_TOKENS_PER_S_PER_CORE` each, rounded
+        up to a multiple of 16 and kept within [64, 2048]: 160 on 2 cores, 2048 from 28 up."""
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
         num_ranks = config.tensor_parallel_size * config.data_parallel_size
         allowed = process_cpus()
         cpus = select_cpus(bind, allowed, 0, reserved, num_ranks=num_ranks)
         per_rank = len(cpus) if cpus is not None else max(1, len(allowed) // num_ranks)
         num_cores = per_rank * config.tensor_parallel_size
-        tokens = STEP_PREFILL_SECONDS * self.prefill_tokens_per_s_per_core() * num_cores
+        tokens = STEP_PREFILL_SECONDS * PREFILL_TOKENS_PER_S_PER_CORE * num_cores
         return min(2048, max(64, -(-int(tokens) // 16) * 16))
 
     def init_device(self, config: EngineConfigView) -> None:
