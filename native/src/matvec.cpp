@@ -328,12 +328,16 @@ static inline void panel_rows(const float *wp, long k, const float *x, long xs, 
   }
 }
 
+// the format of a row of weights in format qt: an x8 code's row format (the float-scaled codes
+// are their own), else qt
+static constexpr int row_format(int qt) { return is_x8(qt) && qt <= CK_INT8X8 ? qt - CK_X8 : qt; }
+
 // weight rows j .. j + rw - 1 (format QT, an x8 code read as stored) dequantized into wp
 // (rw rows of nb blocks)
 template <int QT>
 static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long rw, float *wp) {
   constexpr bool x8 = is_x8(QT);
-  constexpr int RQT = x8 && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
+  constexpr int RQT = row_format(QT);
   const long k = nb * kBlock;
   for (long r = 0; r < rw; ++r)
     for (long b = 0; b < nb; ++b) {
@@ -444,7 +448,7 @@ static inline void amx_pack_weights(const float *wp, long k, uint16_t *bp) {
 template <int QT, typename T>
 static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
                     long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
-  const long rb = row_bytes(is_x8(QT) && QT <= CK_INT8X8 ? QT - CK_X8 : QT, k), nb = k / kBlock;
+  const long rb = row_bytes(row_format(QT), k), nb = k / kBlock;
   const long padded = (rows + 15) / 16 * 16, steps = k / 32, groups = (n + 31) / 32;
   uint16_t *a = (uint16_t *)aligned_alloc(64, 2 * padded * k * sizeof(uint16_t));  // hi rows, then lo rows
   if (!a) return -1;
@@ -534,8 +538,7 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
   if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
     return amx_gemm<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
 #endif
-  constexpr int RQT = is_x8(QT) && QT <= CK_INT8X8 ? QT - CK_X8 : QT;  // the row format
-  const long rb = row_bytes(RQT, k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
+  const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
   xblock = xblock < kPanelX ? kPanelX : xblock;
