@@ -382,26 +382,16 @@ static inline void amx_configure() {
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
-// the float32 bits of 16 values rounded to bfloat16 (to nearest even), in the top 16 bits
-static inline __m512i round_bf16(__m512i bits) {
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  return _mm512_and_si512(up, _mm512_set1_epi32((int)0xffff0000));
-}
-
-// hi and lo bfloat16 halves of 32 floats (hi = x rounded, lo = x - hi rounded: x to ~2^-17),
-// each as 32 16-bit lanes in order
+// hi and lo bfloat16 halves of 32 floats (hi = x rounded to nearest even, lo = x - hi rounded:
+// x to ~2^-17), each as 32 16-bit lanes in order (AVX512-BF16's two-register conversion)
 static inline void split32(const float *x, __m512i *hi, __m512i *lo) {
-  __m256i h[2], l[2];
-  for (int i = 0; i < 2; ++i) {
-    const __m512 v = _mm512_loadu_ps(x + 16 * i);
-    const __m512i top = round_bf16(_mm512_castps_si512(v));
-    const __m512i rest = round_bf16(_mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(top))));
-    h[i] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(top, 16));
-    l[i] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rest, 16));
-  }
-  *hi = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
-  *lo = _mm512_inserti64x4(_mm512_castsi256_si512(l[0]), l[1], 1);
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const __m512bh h = _mm512_cvtne2ps_pbh(v1, v0);
+  const __m512i hb = (__m512i)h;
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
+  *hi = hb;
+  *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
 }
 
 // out[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit values in 64 shuffles

@@ -65,8 +65,8 @@ def test_env_values():
 def test_isa_selection():
     full = ["AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI"]
     assert select_isa(ISA_TABLE, "auto", full) == "avx512vnni"
-    assert select_isa(ISA_TABLE, "auto", [*full, "AMX"]) == "avx512amx"
-    assert select_isa(ISA_TABLE, "avx512", [*full, "AMX"]) == "avx512vnni"  # the way to leave the tile unit off
+    assert select_isa(ISA_TABLE, "auto", [*full, "AVX512_BF16", "AMX"]) == "avx512amx"
+    assert select_isa(ISA_TABLE, "avx512", [*full, "AVX512_BF16", "AMX"]) == "avx512vnni"  # the tile unit off
     assert select_isa(ISA_TABLE, "avx512", full[:-1]) == "avx512"
     assert select_isa(ISA_TABLE, "avx2", full) == "avx2"
     assert select_isa(ISA_TABLE, "auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C

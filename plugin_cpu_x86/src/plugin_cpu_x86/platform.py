@@ -22,7 +22,7 @@ ISA_TABLE = IsaTable(
     module="plugin_cpu_x86._cx86",
     feature_bits=(*("AVX2", "FMA", "F16C"), *_AVX512, "AVX512_VNNI", "AVX512_BF16", "AMX"),
     requirements={
-        "avx512amx": (*_AVX512, "AVX512_VNNI", "AMX", "AVX2", "FMA", "F16C"),
+        "avx512amx": (*_AVX512, "AVX512_VNNI", "AVX512_BF16", "AMX", "AVX2", "FMA", "F16C"),
         "avx512vnni": (*_AVX512, "AVX512_VNNI", "AVX2", "FMA", "F16C"),
         "avx512": (*_AVX512, "AVX2", "FMA", "F16C"),
         "avx2": ("AVX2", "FMA", "F16C"),
