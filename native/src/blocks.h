@@ -4,6 +4,11 @@
 // groups of 8 rows ("x8", quant.cpp: int8 activations).
 #pragma once
 
+#if defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "common.h"
 #include "fp8.h"
 
@@ -189,6 +194,15 @@ static const long kPanelMin = 7;
 // AMX builds: from this many rows, the panel path's products run on the tile unit (matvec.cpp;
 // the one-thread crossover with the int16 x8 kernel on an Intel Xeon, 1536 x 576 Q4_0 / Q8_0)
 static const long kAmxMinRows = 64;
+#if defined(__AMX_BF16__)
+// whether the tile registers may be used: Linux hands a process their state when asked (a
+// process that may not, e.g. under a seccomp filter, keeps the int16 x8 kernel: quant.cpp)
+static inline bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                    18 /* XFEATURE_XTILEDATA */) == 0;
+  return ready;
+}
+#endif
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row
 // format QT (Q8_0, Q4_0, Q4_1, int8 as those formats store a block; a float-scaled code as its

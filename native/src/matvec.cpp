@@ -7,10 +7,6 @@
 // rows: dequantized panels and a register-tiled micro-kernel (gemm_panel), as fast here as
 // torch's GEMM on the float32 weights.
 #include <stdlib.h>
-#if defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "blocks.h"
 #include "simd.h"
@@ -116,11 +112,6 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 // converting every nibble. On Zen 4 (one thread, 1536 x 576, one activation row) 1.2x
 // (Q4_1) to 1.4x (Q4_0) the v8 code's rate; a plain 512-bit port of the v8 code was no
 // faster than it (~10 cycles a block).
-// (GCC 12 warns that the _mm512_undefined_* operand inside its own intrinsics "may be used
-// uninitialized": a false positive, silenced for this block)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 static constexpr bool has_row_dot16(int qt) {
   return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8 || qt == CK_Q5_0 || qt == CK_Q5_1 ||
          qt == CK_E4M3W;
@@ -202,7 +193,6 @@ static inline void row_dot16(const uint8_t *wr, const float *x, long xs, long nb
     sums[t] = v8_hsum(_mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1)));
   }
 }
-#pragma GCC diagnostic pop
 #endif
 
 // sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT.
@@ -362,13 +352,6 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
 static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
-
-// whether the tile registers may be used: Linux hands a process their state when asked
-static bool amx_ready() {
-  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                    18 /* XFEATURE_XTILEDATA */) == 0;
-  return ready;
-}
 
 // the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)
 static inline void amx_configure() {

@@ -55,6 +55,15 @@ static const long kAct16PanelMin = LONG_MAX;
 #else
 static const long kAct16PanelMin = kPanelMin;
 #endif
+// whether a CK_ACT16 call of this many rows runs the panel kernel (AMX builds: its tile kernel,
+// where the process may use the tiles)
+static inline bool act16_on_panel(long rows) {
+#if defined(__AMX_BF16__)
+  return rows >= kAct16PanelMin && amx_ready();
+#else
+  return rows >= kAct16PanelMin;
+#endif
+}
 static const long kXBlock = 64;  // activation rows a thread runs its weight groups over at a time
 // bytes ahead of a group's blocks to prefetch: the hardware prefetcher alone left a
 // batch-1 product at ~8 GB/s a thread against ~30 GB/s the memory gives one thread
@@ -286,9 +295,6 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
 // measured on Zen 4, which runs each 512-bit operation as two halves. Every x8 format but the
 // half-scaled one (no 512-bit vpsignb: S8FX8 stays on group_block).
 #define CK_PAIR_SIMD 1
-// GCC 12's 512-bit intrinsics pass an undefined vector as the unused merge source, which its
-// -Wmaybe-uninitialized reports at every use (a false positive)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <int QT>
 static constexpr bool pair_format() { return !half_scales<QT>(); }
 
@@ -662,7 +668,7 @@ int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k,
   const bool per_row = (qt & CK_PER_TOKEN) != 0, act16 = (qt & CK_ACT16) != 0;
   qt &= ~((int)CK_PER_TOKEN | (int)CK_ACT16);
 #if defined(CK_V8)
-  if (act16 && rows >= kAct16PanelMin)
+  if (act16 && act16_on_panel(rows))
     return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
                                  bias_dtype, nthreads);
 #endif
