@@ -351,6 +351,9 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
+// from this many rows amx_gemm, below it amx_gemm_few (one thread, Q4_1 and Q8_0: even at 160
+// rows, amx_gemm_few 1.15-1.4x at 64, amx_gemm 1.1x at 192)
+static const long kAmxManyRows = 160;
 static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
 
 // the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)
@@ -367,14 +370,16 @@ static inline void amx_configure() {
 
 // hi and lo bfloat16 halves of 32 floats (hi = x rounded to nearest even, lo = x - hi rounded:
 // x to ~2^-17), each as 32 16-bit lanes in order (AVX512-BF16's two-register conversion)
-static inline void split32(const float *x, __m512i *hi, __m512i *lo) {
-  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+static inline void split32(__m512 v0, __m512 v1, __m512i *hi, __m512i *lo) {
   const __m512bh h = _mm512_cvtne2ps_pbh(v1, v0);
   const __m512i hb = (__m512i)h;
   const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
   const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
   *hi = hb;
   *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
+}
+static inline void split32(const float *x, __m512i *hi, __m512i *lo) {
+  split32(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), hi, lo);
 }
 
 // out[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit values in 64 shuffles
@@ -401,21 +406,42 @@ static inline void transpose16(const __m512i *r, __m512i *out) {
   }
 }
 
-// 32 dequantized weight rows wp [32, k] as B tiles: for each 32-value step s of k, column
-// blocks c = 0, 1 (rows 16c ..), hi then lo, 16 rows (pairs of k) x 16 columns x 2 values
-// (TDPBF16PS's pairs layout); 2048 values a step. A weight row's 16 pairs of a step become a
-// column of the tile: a transpose of 16 rows' pairs
-static inline void amx_pack_weights(const float *wp, long k, uint16_t *bp) {
-  for (long s = 0; s < k / 32; ++s)
+// 32 rows of floats p [32, k] (rows stride apart, those from `valid` on read as zeros) as B
+// tiles: for each 32-value step s of k, column blocks c = 0, 1 (rows 16c ..), hi then lo, 16
+// rows (pairs of k) x 16 columns x 2 values (TDPBF16PS's pairs layout); 2048 values a step. A
+// row's 16 pairs of a step become a column of the tile: a transpose of 16 rows' pairs
+static inline void amx_pack_columns(const float *p, long stride, long valid, long s0, long s1, uint16_t *bp) {
+  for (long s = s0; s < s1; ++s)
     for (int c = 0; c < 2; ++c) {
       __m512i hi[16], lo[16], rows[16];
-      for (int j = 0; j < 16; ++j) split32(wp + (16 * c + j) * k + 32 * s, &hi[j], &lo[j]);
+      for (int j = 0; j < 16; ++j) {
+        hi[j] = lo[j] = _mm512_setzero_si512();
+        if (16 * c + j < valid) split32(p + (16 * c + j) * stride + 32 * s, &hi[j], &lo[j]);
+      }
       uint16_t *tile = bp + s * 2048 + c * 1024;
       transpose16(hi, rows);
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
       transpose16(lo, rows);
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 512 + 32 * kk, rows[kk]);
     }
+}
+
+// C0 += A B0 and C1 += A B1 in hi + lo products (tiles 0, 1): A's hi and lo tiles (16 rows,
+// `stride` bytes apart) and b's four B tiles (B0 hi, B0 lo, B1 hi, B1 lo; 1 KB each) loaded
+// into tiles 2 .. 7. The two C tiles' products alternate
+static inline void amx_products(const uint16_t *ahi, const uint16_t *alo, long stride, const uint16_t *b) {
+  _tile_loadd(2, ahi, stride);
+  _tile_loadd(3, alo, stride);
+  _tile_loadd(4, b, 64);
+  _tile_loadd(5, b + 512, 64);
+  _tile_loadd(6, b + 1024, 64);
+  _tile_loadd(7, b + 1536, 64);
+  _tile_dpbf16ps(0, 2, 4);  // hi . hi
+  _tile_dpbf16ps(1, 2, 6);
+  _tile_dpbf16ps(0, 3, 4);  // A lo . B hi
+  _tile_dpbf16ps(1, 3, 6);
+  _tile_dpbf16ps(0, 2, 5);  // A hi . B lo
+  _tile_dpbf16ps(1, 2, 7);
 }
 
 template <int QT, typename T>
@@ -451,7 +477,7 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
       else
         dequant_rows<QT>(w, rb, nb, j, rw, wp);
       memset(wp + rw * k, 0, (32 - rw) * k * sizeof(float));
-      amx_pack_weights(wp, k, bp);
+      amx_pack_columns(wp, k, 32, 0, k / 32, bp);
       float scale[32], bj[32];
       row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
       // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
@@ -467,19 +493,7 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
             _tile_loadd(1, c + r0 * 32 + 16, 128);
           }
           for (long s = s0; s < s1; ++s) {
-            const uint16_t *b = bp + s * 2048;
-            _tile_loadd(2, a + r0 * k + 32 * s, k * 2);
-            _tile_loadd(3, alo + r0 * k + 32 * s, k * 2);
-            _tile_loadd(4, b, 64);
-            _tile_loadd(5, b + 512, 64);
-            _tile_loadd(6, b + 1024, 64);
-            _tile_loadd(7, b + 1536, 64);
-            _tile_dpbf16ps(0, 2, 4);
-            _tile_dpbf16ps(0, 2, 5);
-            _tile_dpbf16ps(0, 3, 4);
-            _tile_dpbf16ps(1, 2, 6);
-            _tile_dpbf16ps(1, 2, 7);
-            _tile_dpbf16ps(1, 3, 6);
+            amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
           }
           _tile_stored(0, c + r0 * 32, 128);
           _tile_stored(1, c + r0 * 32 + 16, 128);
@@ -492,6 +506,104 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
     free(wp), free(bp), free(c);
   });
   free(a);
+  return failed ? -1 : 0;
+}
+
+// block b of weight row r (format QT, an x8 code read as stored) as 2 x 16 floats
+template <int QT>
+static inline void amx_weight_block(const uint8_t *w, long rb, long nb, long r, long b, __m512 v[2]) {
+  constexpr int RQT = row_format(QT);
+  uint8_t stored[40];  // the largest block: U8FX8's and S8FX8's
+  const uint8_t *row = w + r * rb;
+  long bi = b;
+  if constexpr (is_x8(QT)) {
+    x8_row_block<RQT>(w, nb, r, b, stored);
+    row = stored, bi = 0;
+  }
+  if constexpr (has_row_dot16(RQT)) {
+    decode_block16<RQT>(row + bi * block_bytes(RQT), v);
+  } else {
+    v8 q[4];
+    decode_block<RQT>(row, bi, q);
+    v[0] = _mm512_insertf32x8(_mm512_castps256_ps512(q[0]), q[1], 1);
+    v[1] = _mm512_insertf32x8(_mm512_castps256_ps512(q[2]), q[3], 1);
+  }
+}
+
+// Fewer rows (batched decode): the roles swapped. The weights are the A tiles, whose rows are
+// a weight row's 32-value step as it is (hi and lo straight from a block's decode, no
+// transpose), and the activations the B tiles, packed once a call; 32 activation rows a pass
+// with their two C tiles held over all of k. A task's 16 weight rows are decoded once (2 KB
+// a step, kept for the call's further 32-row passes).
+template <int QT, typename T>
+static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+                        long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
+  const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, steps = k / 32;
+  const long passes = (rows + 31) / 32, groups = (n + 15) / 16;
+  uint16_t *xb = (uint16_t *)aligned_alloc(64, passes * steps * 2048 * sizeof(uint16_t));
+  if (!xb) return -1;
+  parallel_for(passes * steps, 8, nthreads, true, [&](long lo, long hi) {  // (pass, step) pairs
+    for (long i = lo; i < hi;) {
+      const long p = i / steps, s1 = hi < (p + 1) * steps ? hi - p * steps : steps;
+      amx_pack_columns(x + 32 * p * xs, xs, rows - 32 * p, i - p * steps, s1, xb + p * steps * 2048);
+      i = p * steps + s1;
+    }
+  });
+  int failed = 0;
+  // a few tasks a thread: each one's buffer and tile configuration cost ~1 group's products
+  const long chunk = (groups + 4L * nthreads - 1) / (4L * nthreads);
+  parallel_for(groups, chunk, nthreads, true, [&](long lo_g, long hi_g) {
+    uint16_t *wa = (uint16_t *)aligned_alloc(64, steps * 1024 * sizeof(uint16_t));  // a step: hi [16, 32], lo
+    if (!wa) {
+      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    alignas(64) float c[2][256];  // [weight row, activation row] of the two C tiles
+    amx_configure();
+    for (long g = lo_g; g < hi_g; ++g) {
+      const long j = 16 * g, rw = n - j < 16 ? n - j : 16;
+      float scale[16], bj[16];
+      row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
+      for (long p = 0; p < passes; ++p) {
+        const long t0 = 32 * p, tn = rows - t0 < 32 ? rows - t0 : 32;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (long s = 0; s < steps; ++s) {
+          uint16_t *a = wa + s * 1024;
+          if (p == 0)  // decoded just before their products: the decode overlaps the tile unit's work
+            for (long r = 0; r < 16; ++r) {
+              __m512i hi = _mm512_setzero_si512(), lo = hi;
+              if (r < rw) {
+                __m512 v[2];
+                amx_weight_block<QT>(w, rb, nb, j + r, s, v);
+                split32(v[0], v[1], &hi, &lo);
+              }
+              _mm512_store_si512(a + 32 * r, hi);
+              _mm512_store_si512(a + 512 + 32 * r, lo);
+            }
+          const uint16_t *b = xb + (p * steps + s) * 2048;
+          if (tn > 16) {
+            amx_products(a, a + 512, 64, b);
+          } else {  // one B block: its two tiles only
+            _tile_loadd(2, a, 64);
+            _tile_loadd(3, a + 512, 64);
+            _tile_loadd(4, b, 64);
+            _tile_loadd(5, b + 512, 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_dpbf16ps(0, 2, 5);
+          }
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        for (long t = 0; t < tn; ++t)
+          for (long q = 0; q < rw; ++q) from_f32(c[t / 16][q * 16 + t % 16] * scale[q] + bj[q], &out[(t0 + t) * n + j + q]);
+      }
+    }
+    _tile_release();
+    free(wa);
+  });
+  free(xb);
   return failed ? -1 : 0;
 }
 #endif
@@ -509,7 +621,8 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
                       int nthreads) {
 #if defined(__AMX_BF16__)
   if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
-    return amx_gemm<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
+    return rows < kAmxManyRows ? amx_gemm_few<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads)
+                               : amx_gemm<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
 #endif
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2

@@ -478,8 +478,15 @@ void test_k_linear(Suite &s, int qt, long rows) {
   const int status = s.fn<Linear>("linear")(qt, w.bytes.data(), NULL, n, k, F32, x.data(), k, rows, out.data(),
                                             bias.data(), F32, 2);
   if (status != 0) ref.assign(ref.size(), NAN);
+  double atol = 1e-4;
+  if (s.isa == "avx512amx" && rows >= 24) {  // the tile unit's bfloat16 hi + lo products: 2^-15 of sum |x w|
+    std::vector<double> wabs(w.deq), xabs(x.begin(), x.end());
+    for (double &v : wabs) v = fabs(v);
+    for (double &v : xabs) v = fabs(v);
+    for (double v : reference_linear(wabs, xabs, std::vector<float>(n, 0.0f), rows, n, k)) atol = fmax(atol, v / 32768.0);
+  }
   const char *names[] = {"q4_k", "q5_k", "q6_k"};
-  s.check(std::string("linear ") + names[qt - Q4_K] + " rows=" + std::to_string(rows), out.data(), ref, 1e-4, 1e-4);
+  s.check(std::string("linear ") + names[qt - Q4_K] + " rows=" + std::to_string(rows), out.data(), ref, 1e-4, atol);
 }
 
 // The x8 layout of native/src/quant.cpp: groups of 8 rows, per block the 8 rows' scales
@@ -516,9 +523,9 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
   auto x = randn(rows * k), bias = randn(n);
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
   // rounded per block of 32 as quant.cpp does: to int8, or to int16 (127 * 256 levels) below
-  // quant.cpp's kAct16PanelMin rows: 64 in the AMX build (blocks.h kAmxMinRows), never in the
+  // quant.cpp's kAct16PanelMin rows: 24 in the AMX build (blocks.h kAmxMinRows), never in the
   // other AVX-512 builds and the scalar one (no panel kernel), else 7
-  const long panel_from = s.isa == "avx512amx"                                 ? 64
+  const long panel_from = s.isa == "avx512amx"                                 ? 24
                           : s.isa == "scalar" || s.isa.rfind("avx512", 0) == 0 ? LONG_MAX
                                                                                : 7;
   const bool int16 = act == kAct16 && rows < panel_from;
@@ -544,7 +551,7 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
                            (n != 21 ? " n=" + std::to_string(n) : "") + (k != 96 ? " k=" + std::to_string(k) : "");
   if (status != 0) ref.assign(ref.size(), NAN);  // fails the check
   double atol = 1e-4;
-  if (act == kAct16 && !int16 && s.isa == "avx512amx") {  // bfloat16 hi + lo products: 2^-15 of sum |x w|
+  if (act != kInt8Act && rows >= panel_from && s.isa == "avx512amx") {  // bfloat16 hi + lo products: 2^-15 of sum |x w|
     std::vector<double> wabs(w.deq), xabs(xq);
     const std::vector<float> zero(n, 0.0f);
     for (double &v : wabs) v = fabs(v);
@@ -595,7 +602,7 @@ int main(int argc, char **argv) {
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kFloatAct);
     for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K})
-      for (long rows : {1L, 3L, 9L}) test_k_linear(s, qt, rows);
+      for (long rows : {1L, 3L, 9L, 40L}) test_k_linear(s, qt, rows);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
       for (long rows : {1L, 5L}) test_linear(s, qt, rows, kInt8Act);
     for (int qt : {(int)Q8_0, (int)Q4_0, (int)Q4_1, (int)INT8, (int)Q4FX8, (int)U8FX8, (int)S8FX8})
@@ -606,9 +613,13 @@ int main(int argc, char **argv) {
       test_linear(s, qt, 9, kAct16, 13);
       test_linear(s, qt, 17, kInt8Act);
       test_linear(s, qt, 40, kAct16, 13);
-      // AMX builds: 4 full tiles of rows and a partial one, 32 + 5 columns, k in 4 + 1 steps of 32
-      test_linear(s, qt, 70, kAct16, 37, 160);
+      // AMX builds (amx_gemm_few below 160 rows, amx_gemm from there): 32 + 5 columns, k in 4 + 1
+      // steps of 32; 24 and 40 rows: one pass of 32 rows and a partial one, 70: two and a partial
+      // one of 6, 170: 10 full tiles of 16 rows and a partial one
+      for (long rows : {24L, 40L, 70L, 170L}) test_linear(s, qt, rows, kAct16, 37, 160);
     }
+    // AMX builds: float32 activations on the tiles too, the blocks as stored
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W}) test_linear(s, qt, 40, kFloatAct, 37, 160);
     run += s.run;
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;
