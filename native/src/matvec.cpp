@@ -351,9 +351,10 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
-// from this many rows amx_gemm, below it amx_gemm_few (one thread, Q4_1 and Q8_0: even at 160
-// rows, amx_gemm_few 1.15-1.4x at 64, amx_gemm 1.1x at 192)
-static const long kAmxManyRows = 160;
+// from this many rows amx_gemm, below it amx_gemm_few (two threads, Q4_1 1536 x 576 and
+// 576 x 1536: amx_gemm_few 1.1x at 160 rows, the CPU step budget on 2 cores; amx_gemm 1.05x at
+// 256, 1.1-1.2x at 512)
+static const long kAmxManyRows = 192;
 static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
 
 // the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)

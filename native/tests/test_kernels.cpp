@@ -613,10 +613,10 @@ int main(int argc, char **argv) {
       test_linear(s, qt, 9, kAct16, 13);
       test_linear(s, qt, 17, kInt8Act);
       test_linear(s, qt, 40, kAct16, 13);
-      // AMX builds (amx_gemm_few below 160 rows, amx_gemm from there): 32 + 5 columns, k in 4 + 1
+      // AMX builds (amx_gemm_few below 192 rows, amx_gemm from there): 32 + 5 columns, k in 4 + 1
       // steps of 32; 24 and 40 rows: one pass of 32 rows and a partial one, 70: two and a partial
-      // one of 6, 170: 10 full tiles of 16 rows and a partial one
-      for (long rows : {24L, 40L, 70L, 170L}) test_linear(s, qt, rows, kAct16, 37, 160);
+      // one of 6, 200: 12 full tiles of 16 rows and a partial one
+      for (long rows : {24L, 40L, 70L, 200L}) test_linear(s, qt, rows, kAct16, 37, 160);
     }
     // AMX builds: float32 activations on the tiles too, the blocks as stored
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W}) test_linear(s, qt, 40, kFloatAct, 37, 160);
