@@ -531,6 +531,55 @@ static inline void amx_weight_block(const uint8_t *w, long rb, long nb, long r, 
   }
 }
 
+// x8 formats whose 8 rows of a block amx_x8_rows decodes at once
+static constexpr bool has_x8_rows(int qt) { return qt == CK_Q8_0X8 || qt == CK_Q4_0X8 || qt == CK_Q4_1X8; }
+
+// block b of the 8 rows of x8 group g (an x8 code of has_x8_rows), each as 2 x 16 floats, the
+// values of decode_block16: a row's 4-byte pieces of codes lie 32 bytes apart (blocks.h), so
+// two-register permutes gather 4 rows' pieces into the 4 lanes of a register (x8_row_block's
+// byte copies, read back as one vector, stalled every row on store forwarding)
+template <int QT>
+static inline void amx_x8_rows(const uint8_t *w, long nb, long g, long b, __m512 v[8][2]) {
+  constexpr int RQT = row_format(QT);
+  const uint8_t *p = w + (g * nb + b) * 8 * block_bytes(RQT);
+  alignas(32) float d[8], m[8];  // the rows' scales (Q4_1: and mins), 8 halves each
+  _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
+  if (RQT == CK_Q4_1) _mm256_store_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))));
+  const uint8_t *q = p + (RQT == CK_Q4_1 ? 32 : 16);
+  // lane 4 i + c: piece c of row i, dword 8 c + i of the pieces (rows 4 .. 7: + 4)
+  const __m512i idx = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+  const __m512i z0 = _mm512_loadu_si512(q), z1 = _mm512_loadu_si512(q + 64);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ix = _mm512_add_epi32(idx, _mm512_set1_epi32(4 * h));
+    const __m512i lo = _mm512_permutex2var_epi32(z0, ix, z1);  // Q8_0: bytes 0-15, Q4: all 16
+    __m512i hi = lo;
+    if (RQT == CK_Q8_0)  // bytes 16-31: pieces 4-7
+      hi = _mm512_permutex2var_epi32(_mm512_loadu_si512(q + 128), ix, _mm512_loadu_si512(q + 192));
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * h + i;
+      const __m512 dv = _mm512_set1_ps(d[r]);
+      __m128i c0, c1;
+      switch (i) {  // the lane's index must be a constant
+        case 0: c0 = _mm512_extracti32x4_epi32(lo, 0), c1 = _mm512_extracti32x4_epi32(hi, 0); break;
+        case 1: c0 = _mm512_extracti32x4_epi32(lo, 1), c1 = _mm512_extracti32x4_epi32(hi, 1); break;
+        case 2: c0 = _mm512_extracti32x4_epi32(lo, 2), c1 = _mm512_extracti32x4_epi32(hi, 2); break;
+        default: c0 = _mm512_extracti32x4_epi32(lo, 3), c1 = _mm512_extracti32x4_epi32(hi, 3); break;
+      }
+      if (RQT == CK_Q8_0) {
+        v[r][0] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c0)));
+        v[r][1] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c1)));
+      } else {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = RQT == CK_Q4_0 ? _mm512_mul_ps(dv, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)))
+                                            : _mm512_fmadd_ps(dv, iota, _mm512_set1_ps(m[r]));
+        const __m512i codes = _mm512_cvtepu8_epi32(c0);  // byte i: value i in the low nibble, i + 16 in the high one
+        v[r][0] = _mm512_permutexvar_ps(codes, table);
+        v[r][1] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+      }
+    }
+  }
+}
+
 // Fewer rows (batched decode): the roles swapped. The weights are the A tiles, whose rows are
 // a weight row's 32-value step as it is (hi and lo straight from a block's decode, no
 // transpose), and the activations the B tiles, packed once a call; 32 activation rows a pass
@@ -571,7 +620,19 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
         _tile_zero(1);
         for (long s = 0; s < steps; ++s) {
           uint16_t *a = wa + s * 1024;
-          if (p == 0)  // decoded just before their products: the decode overlaps the tile unit's work
+          if (p == 0 && has_x8_rows(QT)) {  // decoded just before their products: the decode overlaps the tiles' work
+            for (long h = 0; h < 2; ++h) {  // the 16 rows' two x8 groups
+              __m512 v[8][2];
+              if (8 * h < rw) amx_x8_rows<QT>(w, nb, j / 8 + h, s, v);
+              for (long i = 0; i < 8; ++i) {
+                const long r = 8 * h + i;
+                __m512i hi = _mm512_setzero_si512(), lo = hi;
+                if (r < rw) split32(v[i][0], v[i][1], &hi, &lo);
+                _mm512_store_si512(a + 32 * r, hi);
+                _mm512_store_si512(a + 512 + 32 * r, lo);
+              }
+            }
+          } else if (p == 0) {
             for (long r = 0; r < 16; ++r) {
               __m512i hi = _mm512_setzero_si512(), lo = hi;
               if (r < rw) {
@@ -582,6 +643,7 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
               _mm512_store_si512(a + 32 * r, hi);
               _mm512_store_si512(a + 512 + 32 * r, lo);
             }
+          }
           const uint16_t *b = xb + (p * steps + s) * 2048;
           if (tn > 16) {
             amx_products(a, a + 512, 64, b);
