@@ -618,6 +618,8 @@ int main(int argc, char **argv) {
       // one of 6, 200: 12 full tiles of 16 rows and a partial one
       for (long rows : {24L, 40L, 70L, 200L}) test_linear(s, qt, rows, kAct16, 37, 160);
     }
+    // AMX builds: rows in blocks whose activation tiles fit 1 MB (k = 4096: 192 rows, then 208)
+    test_linear(s, Q4_1, 400, kAct16, 21, 4096);
     // AMX builds: float32 activations on the tiles too, the blocks as stored
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W}) test_linear(s, qt, 40, kFloatAct, 37, 160);
     run += s.run;
