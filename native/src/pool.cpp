@@ -12,6 +12,7 @@
 #include <linux/futex.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 namespace {
 
 const auto kSpin = std::chrono::microseconds(200);  // idle spin before sleeping
+const uint32_t kClosed = UINT32_MAX;                // a job's chunk counter before it opens (no chunk that high)
 
 // a spin-wait hint to the core (lets the sibling hyperthread run, saves power)
 inline void cpu_relax() {
@@ -55,13 +57,18 @@ class Pool {
       return;
     }
     grow(nthreads - 1);
+    const uint32_t g = gen_.load(std::memory_order_relaxed) + 1;
+    // the last job closed before this one's fields change: a worker still in its claim loop
+    // (it read the last job's exhausted counter, not yet its size) would otherwise claim with
+    // the old generation an index of this job, read with this job's size and function, and
+    // run it twice or after this call returned (a back-to-back call, seen ~1 in 40000)
+    next_.store(((uint64_t)g << 32) | kClosed);
     fn_.store(fn, std::memory_order_relaxed);
     ctx_.store(ctx, std::memory_order_relaxed);
     n_.store(n, std::memory_order_relaxed);
     active_.store(nthreads - 1, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    const uint32_t g = gen_.load(std::memory_order_relaxed) + 1;
-    next_.store((uint64_t)g << 32);
+    next_.store((uint64_t)g << 32);  // job g open
     gen_.store(g);
     if (sleepers_.load() > 0) futex_wake_all(&gen_);
     long mine = work(g);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -563,6 +564,45 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
 
 }  // namespace
 
+// The pool (pool.cpp), back to back jobs of alternating sizes as a kernel's two parallel loops
+// make them: every chunk of every job runs exactly once, and none after its call returned (a
+// worker late to see a job end once claimed an index of the next job with the last one's
+// generation, and ran it twice or after the caller left)
+struct PoolJob {
+  std::atomic<int> *runs;
+  std::atomic<int> *returned;
+  std::atomic<int> *late;
+};
+int test_pool(void *lib) {
+  auto parallel = (void (*)(void (*)(void *, long), void *, long, int))dlsym(lib, "ck_parallel");
+  if (!parallel) {
+    printf("FAIL pool: ck_parallel not exported\n");
+    return 1;
+  }
+  const long sizes[] = {3, 41, 2, 17};
+  std::vector<std::atomic<int>> runs(64);
+  long bad = 0;
+  const long jobs = getenv("QEMU_CPU") ? 20000 : 200000;  // (the race it catches: ~1 in 40000 jobs here)
+  for (long j = 0; j < jobs; ++j) {
+    const long n = sizes[j % 4];
+    std::atomic<int> returned{0}, late{0};
+    for (long i = 0; i < n; ++i) runs[i].store(0);
+    PoolJob job = {runs.data(), &returned, &late};
+    parallel(
+        [](void *ctx, long i) {
+          PoolJob *pj = (PoolJob *)ctx;
+          pj->runs[i].fetch_add(1);
+          if (pj->returned->load()) pj->late->fetch_add(1);
+        },
+        &job, n, 2);
+    returned.store(1);
+    for (long i = 0; i < n; ++i) bad += runs[i].load() != 1;
+    bad += late.load();
+  }
+  if (bad) printf("FAIL pool: %ld chunks run twice, never or after their call returned in %ld jobs\n", bad, jobs);
+  return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s <kernel library .so>\n", argv[0]);
@@ -626,8 +666,9 @@ int main(int argc, char **argv) {
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;
   }
+  const int pool_failed = test_pool(lib);
   const char *cpu = getenv("QEMU_CPU");  // set by the cross tests (native/CMakeLists.txt)
   printf("%s%s: %d tests, %d passed; ISA paths run: %s; not run on this CPU: %s\n", cpu ? "qemu -cpu " : "host",
          cpu ? cpu : "", run, passed, tested.c_str(), skipped.empty() ? "none" : skipped.c_str());
-  return run > 0 && passed == run ? 0 : 1;
+  return run > 0 && passed == run && !pool_failed ? 0 : 1;
 }
