@@ -351,6 +351,7 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
 // product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
 // and runs every activation row over them 16 at a time.
+
 // from this many rows amx_gemm, below it amx_gemm_few (two threads, Q4_1 1536 x 576 and
 // 576 x 1536: amx_gemm_few 1.1x at 160 rows, the CPU step budget on 2 cores; amx_gemm 1.05x at
 // 256, 1.1-1.2x at 512)
@@ -532,6 +533,15 @@ static inline void amx_weight_block(const uint8_t *w, long rb, long nb, long r, 
   }
 }
 
+// row r of a step's A tiles (hi at a, lo 512 values on): the split of v, or zeros where the
+// row is past the weights (v then unread)
+static inline void amx_store_row(uint16_t *a, long r, const __m512 v[2], bool valid) {
+  __m512i hi = _mm512_setzero_si512(), lo = hi;
+  if (valid) split32(v[0], v[1], &hi, &lo);
+  _mm512_store_si512(a + 32 * r, hi);
+  _mm512_store_si512(a + 512 + 32 * r, lo);
+}
+
 // x8 formats whose 8 rows of a block amx_x8_rows decodes at once
 static constexpr bool has_x8_rows(int qt) { return qt == CK_Q8_0X8 || qt == CK_Q4_0X8 || qt == CK_Q4_1X8; }
 
@@ -625,24 +635,13 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
             for (long h = 0; h < 2; ++h) {  // the 16 rows' two x8 groups
               __m512 v[8][2];
               if (8 * h < rw) amx_x8_rows<QT>(w, nb, j / 8 + h, s, v);
-              for (long i = 0; i < 8; ++i) {
-                const long r = 8 * h + i;
-                __m512i hi = _mm512_setzero_si512(), lo = hi;
-                if (r < rw) split32(v[i][0], v[i][1], &hi, &lo);
-                _mm512_store_si512(a + 32 * r, hi);
-                _mm512_store_si512(a + 512 + 32 * r, lo);
-              }
+              for (long i = 0; i < 8; ++i) amx_store_row(a, 8 * h + i, v[i], 8 * h + i < rw);
             }
           } else if (p == 0) {
             for (long r = 0; r < 16; ++r) {
-              __m512i hi = _mm512_setzero_si512(), lo = hi;
-              if (r < rw) {
-                __m512 v[2];
-                amx_weight_block<QT>(w, rb, nb, j + r, s, v);
-                split32(v[0], v[1], &hi, &lo);
-              }
-              _mm512_store_si512(a + 32 * r, hi);
-              _mm512_store_si512(a + 512 + 32 * r, lo);
+              __m512 v[2];
+              if (r < rw) amx_weight_block<QT>(w, rb, nb, j + r, s, v);
+              amx_store_row(a, r, v, r < rw);
             }
           }
           const uint16_t *b = xb + (p * steps + s) * 2048;
