@@ -349,8 +349,9 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // significant bits and a sign: Q4_0's weights, d * (q - 8), hold up to 15 and are exact), and
 // x . w = xhi . whi + xhi . wlo + xlo . whi with float32 accumulation: three TDPBF16PS where
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
-// product. Each task dequantizes 32 weight rows (as gemm_panel does), splits them into tiles
-// and runs every activation row over them 16 at a time.
+// product. Two kernels (amx_matmul picks): amx_gemm for many rows (each task dequantizes 32
+// weight rows as gemm_panel does, splits them into B tiles and runs every activation row over
+// them 16 at a time) and amx_gemm_few for fewer (the weights as the A tiles).
 
 // from this many rows amx_gemm, below it amx_gemm_few (two threads, Q4_1 1536 x 576 and
 // 576 x 1536: amx_gemm_few 1.1x at 160 rows, the CPU step budget on 2 cores; amx_gemm 1.05x at
@@ -604,10 +605,9 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
   uint16_t *xb = (uint16_t *)aligned_alloc(64, passes * steps * 2048 * sizeof(uint16_t));
   if (!xb) return -1;
   parallel_for(passes * steps, 8, nthreads, true, [&](long lo, long hi) {  // (pass, step) pairs
-    for (long i = lo; i < hi;) {
-      const long p = i / steps, s1 = hi < (p + 1) * steps ? hi - p * steps : steps;
-      amx_pack_columns(x + 32 * p * xs, xs, rows - 32 * p, i - p * steps, s1, xb + p * steps * 2048);
-      i = p * steps + s1;
+    for (long i = lo; i < hi; ++i) {
+      const long p = i / steps, s = i % steps;
+      amx_pack_columns(x + 32 * p * xs, xs, rows - 32 * p, s, s + 1, xb + p * steps * 2048);
     }
   });
   int failed = 0;
@@ -669,6 +669,25 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
   free(xb);
   return failed ? -1 : 0;
 }
+
+// The tile kernels' entry: amx_gemm_few below kAmxManyRows rows, else amx_gemm over blocks of
+// rows whose activation tiles (4 bytes a value) stay in L2, as it reads them once for every 32
+// weight rows (two threads, Q4_1 at 2048 rows: 1536 x 576 12.4 -> 7.0 ms, 576 x 1536 15.1 ->
+// 9.1 ms; at 512 rows 576 x 1536 2.7 -> 2.2-2.3 ms); a last block of fewer than kAmxManyRows
+// rows is taken along. Returns -1 if a buffer could not be had.
+template <int QT, typename T>
+static int amx_matmul(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+                      long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
+  if (rows < kAmxManyRows) return amx_gemm_few<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
+  long block = (kAmxBlockBytes / (4 * k)) / 16 * 16;
+  block = block < kAmxManyRows ? kAmxManyRows : block;
+  for (long r0 = 0; r0 < rows;) {
+    const long r1 = rows - r0 < block + kAmxManyRows ? rows : r0 + block;
+    if (amx_gemm<QT, T>(w, row_scale, x + r0 * xs, xs, r1 - r0, n, k, out + r0 * n, bias, bias_dt, nthreads)) return -1;
+    r0 = r1;
+  }
+  return 0;
+}
 #endif
 
 // Many activation rows (batched decode, prefill): each group of kPanelW weight rows is
@@ -683,21 +702,8 @@ static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, 
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
 #if defined(__AMX_BF16__)
-  if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready()) {
-    if (rows < kAmxManyRows) return amx_gemm_few<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
-    // amx_gemm reads the activations' tiles once for every 32 weight rows: blocks of rows whose
-    // tiles (4 bytes a value) stay in L2 (two threads, Q4_1 at 2048 rows: 1536 x 576 12.4 -> 7.0
-    // ms, 576 x 1536 15.1 -> 9.1 ms; at 512 rows 576 x 1536 2.7 -> 2.2-2.3 ms), a last block of
-    // fewer than kAmxManyRows rows taken along
-    long block = (kAmxBlockBytes / (4 * k)) / 16 * 16;
-    block = block < kAmxManyRows ? kAmxManyRows : block;
-    for (long r0 = 0; r0 < rows;) {
-      const long r1 = rows - r0 < block + kAmxManyRows ? rows : r0 + block;
-      if (amx_gemm<QT, T>(w, row_scale, x + r0 * xs, xs, r1 - r0, n, k, out + r0 * n, bias, bias_dt, nthreads)) return -1;
-      r0 = r1;
-    }
-    return 0;
-  }
+  if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
+    return amx_matmul<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
 #endif
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
