@@ -19,14 +19,44 @@ from typing import Any
 
 PACKAGE = "llama-cpp-python"
 CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_COMMON=ON",
 ]  # fmt: skip
+# ggml's ISA switches and the /proc/cpuinfo flag each needs, for a build without its AMX path.
+GGML_ISA_FLAGS = {
+    "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_BMI2": "bmi2",
+    "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
+    "GGML_AVX512_BF16": "avx512_bf16", "GGML_AVX_VNNI": "avx_vnni",
+}  # fmt: skip
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("CORE_BENCH_CACHE", Path.home() / ".cache" / "core-bench"))
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
+def build_config() -> tuple[str, list[str]]:
+    """The cached build's folder name and its ggml ISA flags for this host.
+
+    ``GGML_NATIVE`` everywhere but on CPUs with AMX tiles: there the native build compiles
+    ggml's AMX path, and llama-bench, llama-server and llama-cpp-python all die with SIGSEGV
+    once weights are repacked (llama-cpp-python 0.3.36's tree, seen on an Intel Xeon with
+    AMX-INT8/BF16), so it is built for the host's AVX-512/VNNI/BF16 without AMX, in its own folder.
+    """
+    flags = cpu_flags()
+    if "amx_tile" not in flags:
+        return "build", ["-DGGML_NATIVE=ON"]
+    isa = [f"-D{name}={'ON' if flag in flags else 'OFF'}" for name, flag in GGML_ISA_FLAGS.items()]
+    return "build-noamx", ["-DGGML_NATIVE=OFF", *isa]
 
 
 def run_logged(cmd: list[str], log: Path, **kwargs) -> None:
@@ -75,11 +105,13 @@ def ensure_llamacpp() -> dict[str, Any]:
     if not src.exists():
         with tarfile.open(sdist) as tar:
             tar.extractall(cache / "src", filter="data")
-    build = cache / "build"
+    folder, isa_flags = build_config()
+    build = cache / folder
     bench, server, lib = build / "bin" / "llama-batched-bench", build / "bin" / "llama-server", build / "bin"
     if not bench.exists() or not server.exists() or not (lib / "libllama.so").exists():
         print(f"building llama.cpp from {sdist.name} into {build} (minutes; log: {log})", file=sys.stderr)
-        run_logged(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS], log)
+        cmake = ["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *CMAKE_FLAGS, *isa_flags]
+        run_logged(cmake, log)
         jobs = str(os.cpu_count() or 2)
         run_logged(
             ["cmake", "--build", str(build), "-j", jobs, "--target", "llama-batched-bench", "llama-server", "llama"],
@@ -109,7 +141,7 @@ def ensure_tools(*targets: str) -> dict[str, Path]:
     build, each built once (nice, 2 jobs) after :func:`ensure_llamacpp` configured it."""
     ensure_llamacpp()
     cache = cache_dir()
-    build, log = cache / "build", cache / "setup.log"
+    build, log = cache / build_config()[0], cache / "setup.log"
     tools = {name: build / "bin" / name for name in targets}
     missing = [name for name, path in tools.items() if not path.exists()]
     if missing:
