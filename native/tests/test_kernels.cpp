@@ -543,10 +543,11 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
   const std::vector<uint8_t> wbytes = act != kFloatAct ? interleave_x8(qt, w.bytes, n, k) : w.bytes;
   std::vector<float> scales = w.scales;
   if (act != kFloatAct && qt == INT8) scales.resize((n + 7) / 8 * 8, 0.0f);
-  std::vector<float> out(rows * n);
+  std::vector<float> out_buf(rows * n + 16);  // out on a cache line, as torch's tensors are
+  float *out = (float *)(((uintptr_t)out_buf.data() + 63) & ~(uintptr_t)63);
   const int code = (float_scaled(qt) ? qt : qt + (act != kFloatAct ? X8 : 0)) + (act == kAct16 ? kAct16Flag : 0);
   const int status = s.fn<Linear>("linear")(code, wbytes.data(), qt == INT8 || qt == E4M3W ? scales.data() : NULL,
-                                            n, k, F32, x.data(), k, rows, out.data(), bias.data(), F32, 2);
+                                            n, k, F32, x.data(), k, rows, out, bias.data(), F32, 2);
   const char *mode = act == kInt8Act ? " x8/int8-act" : act == kAct16 ? " x8/act16" : "";
   const std::string name = std::string("linear ") + kFormatNames[qt] + mode + " rows=" + std::to_string(rows) +
                            (n != 21 ? " n=" + std::to_string(n) : "") + (k != 96 ? " k=" + std::to_string(k) : "");
@@ -559,7 +560,7 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
     for (double &v : xabs) v = fabs(v);
     for (double v : reference_linear(wabs, xabs, zero, rows, n, k)) atol = fmax(atol, v / 32768.0);
   }
-  s.check(name, out.data(), ref, 1e-4, atol);
+  s.check(name, out, ref, 1e-4, atol);
 }
 
 }  // namespace
@@ -660,6 +661,8 @@ int main(int argc, char **argv) {
     }
     // AMX builds: rows in blocks whose activation tiles fit 1 MB (k = 4096: 192 rows, then 208)
     test_linear(s, Q4_1, 400, kAct16, 21, 4096);
+    // AMX builds: output rows of 48 floats, a full group's 32 streamed (amx_store_out), then 16
+    for (int qt : {(int)Q8_0, (int)Q4_1}) test_linear(s, qt, 200, kAct16, 48, 160);
     // AMX builds: float32 activations on the tiles too, the blocks as stored
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W}) test_linear(s, qt, 40, kFloatAct, 37, 160);
     run += s.run;
