@@ -360,6 +360,7 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // 256, 1.1-1.2x at 512)
 static const long kAmxManyRows = 192;
 static const long kAmxBlockBytes = 1L << 20;  // activation tiles amx_gemm takes at a time (L2: 2 MB a core)
+static const long kAmxWeightAhead = 1024;  // bytes of an x8 group's blocks amx_x8_rows prefetches ahead
 static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
 
 // the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)
@@ -585,6 +586,7 @@ template <int QT>
 static inline void amx_x8_rows(const uint8_t *w, long nb, long g, long b, __m512 v[8][2]) {
   constexpr int RQT = row_format(QT);
   const uint8_t *p = w + (g * nb + b) * 8 * block_bytes(RQT);
+  for (int l = 0; l < 8 * block_bytes(RQT); l += 64) _mm_prefetch((const char *)p + kAmxWeightAhead + l, _MM_HINT_T0);
   alignas(32) float d[8], m[8];  // the rows' scales (Q4_1: and mins), 8 halves each
   _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
   if (RQT == CK_Q4_1) _mm256_store_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))));
