@@ -459,16 +459,16 @@ static inline void amx_products(const uint16_t *ahi, const uint16_t *alo, long s
 template <typename T>
 static inline void amx_store_out(const float *c, const float *scale, const float *bias, long rows, long rw, long n,
                                  T *out) {
-  if (std::is_same<T, float>::value && rw == 32 && ((uintptr_t)out | (n * sizeof(T))) % 64 == 0) {
-    const __m512 s0 = _mm512_loadu_ps(scale), s1 = _mm512_loadu_ps(scale + 16);
-    const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
-    for (long t = 0; t < rows; ++t) {
-      float *o = (float *)(out + t * n);
-      _mm512_stream_ps(o, _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t), s0, b0));
-      _mm512_stream_ps(o + 16, _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t + 16), s1, b1));
+  if constexpr (std::is_same<T, float>::value)
+    if (rw == 32 && ((uintptr_t)out | (n * sizeof(T))) % 64 == 0) {
+      const __m512 s0 = _mm512_loadu_ps(scale), s1 = _mm512_loadu_ps(scale + 16);
+      const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
+      for (long t = 0; t < rows; ++t) {
+        _mm512_stream_ps(out + t * n, _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t), s0, b0));
+        _mm512_stream_ps(out + t * n + 16, _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t + 16), s1, b1));
+      }
+      return;
     }
-    return;
-  }
   for (long t = 0; t < rows; ++t)
     for (long q = 0; q < rw; ++q) from_f32(c[t * 32 + q] * scale[q] + bias[q], &out[t * n + q]);
 }
