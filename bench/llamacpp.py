@@ -17,6 +17,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from plugins.host import cpuinfo_features
+
 PACKAGE = "llama-cpp-python"
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF",
@@ -35,15 +37,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CORE_BENCH_CACHE", Path.home() / ".cache" / "core-bench"))
 
 
-def cpu_flags() -> set[str]:
-    """The first CPU's flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-
-
 def build_config() -> tuple[str, list[str]]:
     """The cached build's folder name and its ggml ISA flags for this host.
 
@@ -52,7 +45,10 @@ def build_config() -> tuple[str, list[str]]:
     once weights are repacked (llama-cpp-python 0.3.36's tree, seen on an Intel Xeon with
     AMX-INT8/BF16), so it is built for the host's AVX-512/VNNI/BF16 without AMX, in its own folder.
     """
-    flags = cpu_flags()
+    try:
+        flags = cpuinfo_features(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        flags = set()
     if "amx_tile" not in flags:
         return "build", ["-DGGML_NATIVE=ON"]
     isa = [f"-D{name}={'ON' if flag in flags else 'OFF'}" for name, flag in GGML_ISA_FLAGS.items()]
