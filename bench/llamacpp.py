@@ -135,9 +135,7 @@ def ensure_llamacpp() -> dict[str, Any]:
 def ensure_tools(*targets: str) -> dict[str, Path]:
     """llama.cpp's command-line tools (e.g. ``llama-bench``, ``llama-quantize``) in the cached
     build, each built once (nice, 2 jobs) after :func:`ensure_llamacpp` configured it."""
-    ensure_llamacpp()
-    cache = cache_dir()
-    build, log = cache / build_config()[0], cache / "setup.log"
+    build, log = ensure_llamacpp()["lib"].parent, cache_dir() / "setup.log"
     tools = {name: build / "bin" / name for name in targets}
     missing = [name for name, path in tools.items() if not path.exists()]
     if missing:

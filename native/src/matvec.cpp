@@ -664,17 +664,19 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
         _tile_zero(1);
         for (long s = 0; s < steps; ++s) {
           uint16_t *a = wa + s * 1024;
-          if (p == 0 && has_x8_rows(QT)) {  // decoded just before their products: the decode overlaps the tiles' work
-            for (long h = 0; h < 2; ++h) {  // the 16 rows' two x8 groups
-              __m512 v[8][2];
-              if (8 * h < rw) amx_x8_rows<QT>(w, nb, j / 8 + h, s, v);
-              for (long i = 0; i < 8; ++i) amx_store_row(a, 8 * h + i, v[i], 8 * h + i < rw);
-            }
-          } else if (p == 0) {
-            for (long r = 0; r < 16; ++r) {
-              __m512 v[2];
-              if (r < rw) amx_weight_block<QT>(w, rb, nb, j + r, s, v);
-              amx_store_row(a, r, v, r < rw);
+          if (p == 0) {  // decoded just before their products: the decode overlaps the tiles' work
+            if constexpr (has_x8_rows(QT)) {
+              for (long h = 0; h < 2; ++h) {  // the 16 rows' two x8 groups
+                __m512 v[8][2];
+                if (8 * h < rw) amx_x8_rows<QT>(w, nb, j / 8 + h, s, v);
+                for (long i = 0; i < 8; ++i) amx_store_row(a, 8 * h + i, v[i], 8 * h + i < rw);
+              }
+            } else {
+              for (long r = 0; r < 16; ++r) {
+                __m512 v[2];
+                if (r < rw) amx_weight_block<QT>(w, rb, nb, j + r, s, v);
+                amx_store_row(a, r, v, r < rw);
+              }
             }
           }
           const uint16_t *b = xb + (p * steps + s) * 2048;
