@@ -2,7 +2,7 @@
 
     python bench/attention_kernel.py [--threads 1] [--isa auto]
 
-9 query / 3 KV heads of 64 (SmolLM2-135M), float32 caches in shuffled blocks of 16:
+9 query / 3 KV heads of 64 (SmolLM2-135M), caches (float32 unless `--cache-dtype`) in shuffled blocks of 16:
 32 decode rows at context 192 and 64, one decode row at 1024, one 128- and one 512-token
 prompt. Each case is checked against a torch softmax attention first (max abs error
 printed), then timed (best of 20 calls, warm caches), with the FLOP rate
@@ -18,8 +18,8 @@ import time
 
 import torch
 from plugin_cpu_x86.platform import ISA_TABLE
-from plugins.cpu_native.kernels import NativeCpuKernels
-from plugins.cpu_native.library import DTYPE_F32
+from plugins.cpu_native.kernels import FP8_CODES, NativeCpuKernels
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32
 
 HQ, HK, D, BLOCK = 9, 3, 64, 16
 CASES = ((32, 1, 192), (32, 1, 64), (1, 1, 1024), (1, 128, 128), (1, 512, 512))  # seqs, query tokens, context
@@ -41,14 +41,17 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--isa", default="auto", help="CPU_KERNEL_ISA")
     p.add_argument("--layers", type=int, default=1, help="caches the calls rotate through")
+    p.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16", "float8_e5m2"))
     args = p.parse_args()
+    cache_dtype = getattr(torch, args.cache_dtype)
+    cache_code = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16, **FP8_CODES}[cache_dtype]
     kernels = NativeCpuKernels(ISA_TABLE, args.isa, num_threads=args.threads)
     torch.manual_seed(0)
-    print(f"kernels {kernels.isa}, {args.threads} thread(s), {args.layers} layer(s)")
+    print(f"kernels {kernels.isa}, {args.threads} thread(s), {args.layers} layer(s), {args.cache_dtype} caches")
     for num_seqs, q_len, ctx in CASES:
         blocks = -(-ctx // BLOCK)
-        caches = [(torch.randn(num_seqs * blocks + 8, BLOCK, HK, D), torch.randn(num_seqs * blocks + 8, BLOCK, HK, D))
-                  for _ in range(args.layers)]  # fmt: skip
+        shape = (num_seqs * blocks + 8, BLOCK, HK, D)
+        caches = [(torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)) for _ in range(args.layers)]
         k_cache, v_cache = caches[0]
         tables = torch.randperm(num_seqs * blocks + 8)[: num_seqs * blocks].to(torch.int32).reshape(num_seqs, blocks)
         starts = (torch.arange(num_seqs + 1) * q_len).to(torch.int32)
@@ -57,14 +60,14 @@ def main() -> int:
         out = torch.empty_like(q)
         calls = [
             (
-                DTYPE_F32, DTYPE_F32, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
+                DTYPE_F32, cache_code, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
                 1.0, 1.0, starts.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), blocks, num_seqs * q_len,
                 num_seqs, HQ, HK, D, BLOCK, D**-0.5, 0, args.threads,
             )
             for k, v in caches
         ]  # fmt: skip
         kernels.lib.paged_attention(*calls[0])
-        error = (out - reference(q, k_cache, v_cache, tables, num_seqs, q_len, ctx)).abs().max().item()
+        error = (out - reference(q, k_cache.float(), v_cache.float(), tables, num_seqs, q_len, ctx)).abs().max().item()
         best = float("inf")
         for _ in range(20 if args.layers == 1 else 5):
             start = time.perf_counter()
@@ -72,7 +75,7 @@ def main() -> int:
                 kernels.lib.paged_attention(*call)
             best = min(best, (time.perf_counter() - start) / len(calls))
         flops = 4 * HQ * D * num_seqs * sum(ctx - q_len + i + 1 for i in range(q_len))
-        kv_bytes = 2 * num_seqs * ctx * HK * D * 4
+        kv_bytes = 2 * num_seqs * ctx * HK * D * k_cache.element_size()
         print(
             f"{num_seqs} seqs x {q_len} query tokens, context {ctx}: {best * 1e6:.0f} us, "
             f"{flops / best / 1e9:.1f} GFLOP/s, K/V {kv_bytes / best / 1e9:.1f} GB/s, max error {error:.1e}"

@@ -27,13 +27,14 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1, help="requests decoded together")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kv-cache-dtype", default="auto", help="--kv-cache-dtype (auto: float32)")
     args = p.parse_args()
 
     import engine_part
     from core.bench.stats import random_prompts
     from core.sampling_params import SamplingParams
 
-    engine = engine_part.make_llm(args.model, "gguf", prefix_caching=False).engine
+    engine = engine_part.make_llm(args.model, "gguf", prefix_caching=False, kv_cache_dtype=args.kv_cache_dtype).engine
     runner = engine.executor.runner.platform.runner
     spent = {"forward": 0.0, "logits": 0.0}
 
@@ -56,7 +57,10 @@ def main() -> int:
         )
 
     runner.forward, runner.compute_logits = timed("forward", runner.forward), timed("logits", runner.compute_logits)
-    print(f"{args.model or 'default model'}, kernels {engine.platform.kernels.isa}, batch {args.batch}")
+    print(
+        f"{args.model or 'default model'}, kernels {engine.platform.kernels.isa}, batch {args.batch}, "
+        f"{engine.config.kv_cache_dtype} K/V cache"
+    )
     vocab = engine.loaded.hf_config.vocab_size
     for rnd in range(args.rounds):
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens + 1, ignore_eos=True)

@@ -169,16 +169,17 @@ def test_profile_run_only_when_the_profiler_needs_it(tmp_path, device, monkeypat
     check_against_hf(llm, {id(PROMPTS): [hf_greedy(hf, p, MAX_TOKENS) for p in PROMPTS]})
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2", "bfloat16"])
 @pytest.mark.parametrize("device", ["reference", "auto"])
-def test_fp8_kv_cache_greedy_parity(model_dir, device, kv_cache_dtype):
-    """One-byte KV caches (E4M3 with per-layer scales, E5M2): equal tokens, or at the first
-    difference each side's token in the other's top 5; twice, the second time from the prefix cache.
+def test_kv_cache_dtype_greedy_parity(model_dir, device, kv_cache_dtype):
+    """KV caches rounded below the float32 compute (E4M3 with per-layer scales, E5M2,
+    bfloat16): equal tokens, or at the first difference each side's token in the other's top
+    5; twice, the second time from the prefix cache.
     Llama and Gemma 3 (sliding windows, q/k norms) only, to stay fast: Qwen2 and Mistral
     share Llama's attention."""
     directory, expected = model_dir
     if not directory.name.startswith(("llama", "gemma3")):
-        pytest.skip("fp8 KV parity runs on llama and gemma3 (the same attention as qwen2 and mistral)")
+        pytest.skip("KV cache dtype parity runs on llama and gemma3 (the same attention as qwen2 and mistral)")
     llm = engine(directory, device, max_model_len=128, kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     for _ in range(2):

@@ -5,7 +5,6 @@
 // themselves on a 135M model; here the only Python is one call a step.
 #include <stdlib.h>
 
-#include "fp8.h"
 #include "kernels.h"
 
 // Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
@@ -33,7 +32,7 @@ struct CKDecoder {
   const void *cos_sin;     // [max_pos, head_dim] (cos_sin_dtype)
   float eps, scale;
   int dtype, norm_dtype, cos_sin_dtype;
-  int cache_dtype;  // dtype, or a one-byte code of fp8.h
+  int cache_dtype;  // dtype, bfloat16 under float32, or a one-byte code of fp8.h
   long window;      // every layer's attention window (Mistral's sliding window), 0: none
 };
 
@@ -96,9 +95,9 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
                     m->cos_sin, t, nt);
     const float ks = l.kv_scale ? l.kv_scale[0] : 1.0f, vs = l.kv_scale ? l.kv_scale[1] : 1.0f;
     const long bad =
-        is_fp8(m->cache_dtype)
-            ? CK_FN(write_kv_cache_fp8)(dt, m->cache_dtype, b[K], kv_size, v_in, qkv_size, l.k_cache,
-                                        l.v_cache, s->slots, t, kv_size, m->num_slots, ks, vs)
+        m->cache_dtype != dt
+            ? CK_FN(write_kv_cache_cast)(dt, m->cache_dtype, b[K], kv_size, v_in, qkv_size, l.k_cache,
+                                         l.v_cache, s->slots, t, kv_size, m->num_slots, ks, vs)
             : CK_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
                                     l.v_cache, s->slots, t, kv_size * esize, m->num_slots);
     if (bad) {

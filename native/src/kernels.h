@@ -17,10 +17,10 @@ void CK_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, lon
 long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
                              long v_stride_bytes, void *k_cache, void *v_cache,
                              const int64_t *slots, long tokens, long row_bytes, long num_slots);
-long CK_FN(write_kv_cache_fp8)(int dtype, int cache_dtype, const void *k, long k_stride,
-                                 const void *v, long v_stride, void *k_cache, void *v_cache,
-                                 const int64_t *slots, long tokens, long row, long num_slots,
-                                 float k_scale, float v_scale);
+long CK_FN(write_kv_cache_cast)(int dtype, int cache_dtype, const void *k, long k_stride,
+                                  const void *v, long v_stride, void *k_cache, void *v_cache,
+                                  const int64_t *slots, long tokens, long row, long num_slots,
+                                  float k_scale, float v_scale);
 void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
                               const void *k_cache, const void *v_cache, float k_scale,
                               float v_scale, const int32_t *starts, const int32_t *seq_lens,

@@ -36,7 +36,7 @@ typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, 
 typedef void (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
                           float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
                           long, long, long, long, float, long, int);
-typedef long (*WriteKvFp8)(int, int, const void *, long, const void *, long, void *, void *,
+typedef long (*WriteKvCast)(int, int, const void *, long, const void *, long, void *, void *,
                            const int64_t *, long, long, long, float, float);
 enum { FP8_E4M3 = 2, FP8_E5M2 = 3 };  // cache dtype codes of native/src/fp8.h
 typedef int (*Linear)(int, const void *, const float *, long, long, int, const void *, long,
@@ -239,10 +239,12 @@ double fp8_value(uint8_t b, int cache) {
 // (cache = FP8_*) is written with scales fp8_scale (K) and fp8_scale / 2.5 (V) and checked
 // against the unrounded values within the format's rounding (the Python tests compare its
 // bytes with torch's exactly), and against the values its bytes hold as closely as float32;
-// a large fp8_scale writes mostly subnormal codes.
+// a large fp8_scale writes mostly subnormal codes. A bfloat16 cache under float32 (cache =
+// BF16, dtype = F32) is checked likewise: against the rows rounded to bfloat16 as closely
+// as float32, and against the rows as given within bfloat16's rounding.
 void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f) {
-  const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
-  if (!fp8) cache = dtype;
+  const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2, cast = fp8 || (cache == BF16 && dtype == F32);
+  if (!cast) cache = dtype;
   const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
   const int32_t seq_lens[2] = {8, 37}, starts[3] = {0, 5, 6};
   const int32_t tables[2][3] = {{5, 0, 0}, {2, 7, 4}};
@@ -260,7 +262,7 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
     for (auto &v : kv) v = round_bf16(v);
   }
   const size_t es = dtype == F32 ? 4 : 2;
-  const size_t cs = fp8 ? 1 : es;
+  const size_t cs = fp8 ? 1 : cache == BF16 ? 2 : 4;
   const float k_scale = fp8 ? fp8_scale : 1.0f, v_scale = fp8 ? fp8_scale / 2.5f : 1.0f;
   std::vector<uint8_t> kc(blocks * bs * row * cs, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
       kb(kv_rows * row * es), vb(kb.size());
@@ -273,9 +275,9 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
   put(kb, kv[0]);
   put(vb, kv[1]);
   const long bad =
-      fp8 ? s.fn<WriteKvFp8>("write_kv_cache_fp8")(dtype, cache, kb.data(), row, vb.data(), row, kc.data(),
-                                                   vc.data(), slots.data(), kv_rows, row, blocks * bs, k_scale,
-                                                   v_scale)
+      cast ? s.fn<WriteKvCast>("write_kv_cache_cast")(dtype, cache, kb.data(), row, vb.data(), row, kc.data(),
+                                                      vc.data(), slots.data(), kv_rows, row, blocks * bs, k_scale,
+                                                      v_scale)
           : s.fn<WriteKv>("write_kv_cache")(kb.data(), row * es, vb.data(), row * es, kc.data(), vc.data(),
                                             slots.data(), kv_rows, row * es, blocks * bs);
   const float scale = 1.0f / sqrtf((float)d);
@@ -318,16 +320,23 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
         held[0][r * row + i] = fp8_value(kc[slots[r] * row + i], cache) * k_scale;
         held[1][r * row + i] = fp8_value(vc[slots[r] * row + i], cache) * v_scale;
       }
+  if (cast && !fp8)  // bfloat16: the rows' values rounded to nearest even
+    for (int c = 0; c < 2; ++c) {
+      const auto rounded = round_bf16(kv[c]);
+      held[c].assign(rounded.begin(), rounded.end());
+    }
   const std::vector<double> ref = reference(kvd);
   std::vector<uint8_t> out(tokens * hq * d * es);
   s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
                                      v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, window, 2);
   const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
-                           (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache" : "") +
+                           (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache"
+                            : cast ? " bf16 cache" : "") +
                            (window ? " window " + std::to_string(window) : "") +
                            (fp8 ? " scale " + std::to_string(fp8_scale) : "");
-  if (fp8) {
-    if (fp8_scale < 1.0f) s.check(name, (const float *)out.data(), ref, cache == FP8_E4M3 ? 0.15 : 0.3, 0.1);
+  if (cast) {
+    const double rtol = cache == FP8_E4M3 ? 0.15 : cache == FP8_E5M2 ? 0.3 : 2e-2, atol = fp8 ? 0.1 : 5e-3;
+    if (fp8_scale < 1.0f) s.check(name, (const float *)out.data(), ref, rtol, atol);
     s.check(name + " (held values)", (const float *)out.data(), reference(held), 1e-4, 1e-5);
   }
   else if (dtype == F32) s.check(name, (const float *)out.data(), ref, 1e-4, 1e-5);
@@ -638,6 +647,7 @@ int main(int argc, char **argv) {
     test_attention(s, 64, BF16);
     for (int cache : {FP8_E4M3, FP8_E5M2})
       for (float fp8_scale : {0.05f, 40.0f}) test_attention(s, 64, F32, cache, 0, fp8_scale);
+    for (long d : {64L, 40L}) test_attention(s, d, F32, BF16);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})

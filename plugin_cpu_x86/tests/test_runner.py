@@ -92,22 +92,23 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
                 assert torch.equal(ek, fk) and torch.equal(ev, fv)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fused_equals_eager_with_fp8_cache(model_dir, cache_dtype):
-    """One-byte caches: an E4M3 cache's first step runs eagerly (it sets the layers' scales),
-    then the fused decoder takes over; hidden states and cache bytes equal the eager run's."""
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+def test_fused_equals_eager_with_cast_cache(model_dir, cache_dtype):
+    """Caches of another dtype (one-byte, bfloat16 under float32): an E4M3 cache's first step
+    runs eagerly (it sets the layers' scales), then the fused decoder takes over; hidden
+    states and cache bytes equal the eager run's."""
     platform, model = load(model_dir, torch.float32, None, False)
     shape = (24, BLOCK, model.num_kv_heads, model.head_size)
     scaled = cache_dtype == torch.float8_e4m3fn
 
-    def fp8_caches():
+    def cast_caches():
         return [
             (torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype),
              *((new_kv_scale("cpu"),) if scaled else ()))
             for _ in model.layers
         ]  # fmt: skip
 
-    eager_caches, fused_caches = fp8_caches(), fp8_caches()
+    eager_caches, fused_caches = cast_caches(), cast_caches()
     fused = FusedDecoder(model.describe(fused_caches), platform.kernels)
     tables = [[3, 0, 7, 9], [1, 2, 4, 5]]
     steps = [[[5, 9, 2], [1, 2, 3, 4, 5, 6]], [[4], [8, 8, 3]], [[7], [6]], [[1], [2]]]

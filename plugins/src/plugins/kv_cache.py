@@ -1,8 +1,13 @@
-"""KV cache dtypes: one-byte FP8 caches and their per-layer scales (the torch reference).
+"""KV cache dtypes: a bfloat16 cache under float32 compute, one-byte FP8 caches and their
+per-layer scales (the torch reference).
 
-``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``fp8`` (= ``fp8_e4m3``),
-``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the one-byte dtypes its kernels store and
-read in :attr:`plugins.Platform.supported_kv_cache_dtypes`.
+``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``bfloat16``, ``fp8``
+(= ``fp8_e4m3``), ``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the dtypes its kernels store
+and read besides the compute dtype in :attr:`plugins.Platform.supported_kv_cache_dtypes`.
+
+- ``bfloat16`` under float32 compute halves the bytes a decode step reads from the cache
+  (each cached row is read once a step) and doubles the tokens a cache holds; values are
+  rounded to nearest even (8 significant bits), read back widened to float32.
 
 - ``fp8_e5m2`` (``torch.float8_e5m2``) is the top byte of an IEEE fp16: its range covers
   any activation, so it is stored without a scale (values cast with round-to-nearest-even).
@@ -24,6 +29,8 @@ import torch
 
 #: the one-byte KV dtypes by resolved name
 FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+#: the dtypes a platform may declare in ``supported_kv_cache_dtypes``, by resolved name
+DECLARABLE_KV_DTYPES = {"bfloat16": torch.bfloat16, **FP8_KV_DTYPES}
 #: the first write maps ``amax(|x|)`` to this value (E4M3's largest is 448): 2x headroom
 E4M3_CALIBRATION_TARGET = 224.0
 
@@ -33,11 +40,13 @@ def kv_torch_dtype(name: str) -> torch.dtype:
 
     :raises ValueError: for an unknown name (or the unresolved ``"auto"``/``"fp8"``).
     """
-    if name in FP8_KV_DTYPES:
-        return FP8_KV_DTYPES[name]
-    if name in ("float32", "bfloat16", "float16"):
+    if name in DECLARABLE_KV_DTYPES:
+        return DECLARABLE_KV_DTYPES[name]
+    if name in ("float32", "float16"):
         return getattr(torch, name)
-    raise ValueError(f"unknown resolved KV cache dtype {name!r}; expected fp8_e4m3, fp8_e5m2 or a compute dtype")
+    raise ValueError(
+        f"unknown resolved KV cache dtype {name!r}; expected bfloat16, fp8_e4m3, fp8_e5m2 or a compute dtype"
+    )
 
 
 def needs_scale(cache_dtype: torch.dtype) -> bool:

@@ -1,9 +1,9 @@
-"""The conformance checks of one-byte KV caches (part of :class:`plugins.testing.PlatformConformance`).
+"""The conformance checks of KV caches of a declared dtype (part of :class:`plugins.testing.PlatformConformance`).
 
-For each dtype a platform declares in :attr:`plugins.Platform.supported_kv_cache_dtypes`:
-its ``write_kv_cache`` stores what the SDK's reference stores (and sets the same E4M3
-scales), and its ``paged_attention`` over those bytes equals the reference attention
-over the same values read as float32.
+For each dtype a platform declares in :attr:`plugins.Platform.supported_kv_cache_dtypes`
+(bfloat16, the one-byte ones): its ``write_kv_cache`` stores what the SDK's reference stores
+(and sets the same E4M3 scales), and its ``paged_attention`` over those bytes equals the
+reference attention over the same values read as float32.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ class KvCacheDtypeConformance:
     parametrized over the platform's declared dtypes (None: the check is skipped)."""
 
     def test_declared_kv_cache_dtypes_are_known(self, plat) -> None:
-        from plugins.kv_cache import FP8_KV_DTYPES
+        from plugins.kv_cache import DECLARABLE_KV_DTYPES
 
-        unknown = set(plat.supported_kv_cache_dtypes) - set(FP8_KV_DTYPES)
+        unknown = set(plat.supported_kv_cache_dtypes) - set(DECLARABLE_KV_DTYPES)
         assert not unknown, (
-            f"{plat.name} declares unknown KV cache dtypes {sorted(unknown)}; known: {sorted(FP8_KV_DTYPES)}"
+            f"{plat.name} declares unknown KV cache dtypes {sorted(unknown)}; known: {sorted(DECLARABLE_KV_DTYPES)}"
         )
 
     @pytest.mark.parametrize("fused", [False, True])
-    def test_fp8_kv_cache_write_and_attention(self, device_plat, ref, gen, dtype_name, kv_cache_dtype, fused) -> None:
+    def test_kv_cache_dtype_write_and_attention(self, device_plat, ref, gen, dtype_name, kv_cache_dtype, fused) -> None:
         import torch
         from plugins.attention import AttentionMetadata
-        from plugins.kv_cache import FP8_KV_DTYPES, dequantize, needs_scale, new_kv_scale
+        from plugins.kv_cache import DECLARABLE_KV_DTYPES, dequantize, needs_scale, new_kv_scale
 
         if kv_cache_dtype is None:
-            pytest.skip(f"{device_plat.name} declares no one-byte KV cache dtype")
-        cache_dtype, dev = FP8_KV_DTYPES[kv_cache_dtype], device_plat.torch_device()
+            pytest.skip(f"{device_plat.name} declares no KV cache dtype besides the compute dtype")
+        cache_dtype, dev = DECLARABLE_KV_DTYPES[kv_cache_dtype], device_plat.torch_device()
         query_lens, seq_lens, block_size, head_size = [7, 1, 30, 1], [7, 100, 45, 33], 16, 64
         meta, _, _ = self._kv_case(device_plat, gen, dtype_name, query_lens, seq_lens, 2, head_size, block_size)
         tables = [row[: -(-s // block_size)] for row, s in zip(meta.block_tables.tolist(), seq_lens, strict=True)]

@@ -12,13 +12,16 @@ import os
 
 import torch
 from plugins.attention import AttentionMetadata
-from plugins.cpu_native.library import IsaTable, NativeLib
+from plugins.cpu_native.library import DTYPE_BF16, IsaTable, NativeLib
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
 from plugins.kv_cache import calibrate
 
 #: the one-byte cache dtype codes of native/src/fp8.h (16/32-bit caches have the compute dtype's)
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
+#: the codes of caches whose dtype differs from the compute dtype's: written converted
+#: (write_kv_cache_cast), read widened: bfloat16 under float32, and the one-byte ones
+CAST_CODES = {torch.bfloat16: DTYPE_BF16, **FP8_CODES}
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -137,8 +140,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         slot_mapping: torch.Tensor,
         kv_scale: torch.Tensor | None = None,
     ) -> None:
-        if k_cache.dtype in FP8_CODES:
-            return self._write_fp8_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
+        if k_cache.dtype != k.dtype and k_cache.dtype in CAST_CODES:
+            return self._write_cast_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
         if (
             kv_scale is not None or k_cache.dtype != k.dtype or v.dtype != k.dtype or v_cache.dtype != k.dtype
             or not _heads_view(k) or not _heads_view(v) or k.shape[1:] != k_cache.shape[2:]
@@ -155,7 +158,7 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         if bad:
             raise IndexError(f"slot_mapping has {bad} slot(s) >= the cache's {num_slots} slots")
 
-    def _write_fp8_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale) -> None:
+    def _write_cast_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale) -> None:
         dt = NATIVE_DTYPES.get(k.dtype)
         if (
             dt is None or v.dtype != k.dtype or v_cache.dtype != k_cache.dtype
@@ -171,8 +174,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
                 calibrate(kv_scale, k[keep], v[keep])
                 scales = kv_scale.tolist()
         num_slots = k_cache.shape[0] * k_cache.shape[1]
-        bad = self.lib.write_kv_cache_fp8(
-            dt, FP8_CODES[k_cache.dtype], k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+        bad = self.lib.write_kv_cache_cast(
+            dt, CAST_CODES[k_cache.dtype], k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
             v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2], num_slots, *scales,
         )  # fmt: skip
         if bad:
@@ -189,8 +192,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dt = NATIVE_DTYPES.get(q.dtype)
-        # a 16/32-bit cache has q's dtype; a one-byte one is read with its scales (1 for E5M2)
-        cache_dt = FP8_CODES.get(k_cache.dtype, dt if k_cache.dtype == q.dtype else None)
+        # q's dtype, bfloat16 under float32, or one byte read with its scales (1 for E5M2)
+        cache_dt = dt if k_cache.dtype == q.dtype else CAST_CODES.get(k_cache.dtype)
         k_scale, v_scale = (1.0, 1.0) if kv_scale is None else kv_scale.tolist()
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]

@@ -1,5 +1,6 @@
-"""One-byte KV caches in the native kernels: bytes equal to torch's float8 casts, and
-attention over them equal to the torch reference reading the same bytes."""
+"""KV caches of another dtype than the compute one in the native kernels (one-byte caches,
+a bfloat16 cache under float32): bytes equal to torch's casts, and attention over them
+equal to the torch reference reading the same bytes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from plugins.attention import AttentionMetadata
 from plugins.kv_cache import new_kv_scale
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+BLOCK = 16
 
 
 def _slots_case(gen, num_blocks=12, block_size=16):
@@ -57,20 +59,24 @@ def test_e4m3_unscaled_matches_torch_on_every_byte(kernels, ref):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+def _attention_case(gen, query_lens, seq_lens):
+    """Sequences' blocks taken from 8 shuffled ones of :data:`BLOCK` slots."""
+    ids = torch.randperm(8, generator=gen).tolist()
+    tables, at = [], 0
+    for s in seq_lens:
+        n = -(-s // BLOCK)
+        tables.append(ids[at : at + n])
+        at += n
+    return AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)
+
+
 @pytest.mark.parametrize("cache_dtype", FP8)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "query_lens,seq_lens,hq,hk,d", [([1, 1], [17, 40], 9, 3, 64), ([5, 1, 12], [5, 33, 20], 8, 2, 40)]
 )
 def test_attention_reads_fp8_cache(kernels, ref, gen, close, cache_dtype, dtype, query_lens, seq_lens, hq, hk, d):
-    bs = 16
-    ids = torch.randperm(8, generator=gen).tolist()
-    tables, at = [], 0
-    for s in seq_lens:
-        n = -(-s // bs)
-        tables.append(ids[at : at + n])
-        at += n
-    meta = AttentionMetadata.build(query_lens, seq_lens, tables, bs)
+    meta, bs = _attention_case(gen, query_lens, seq_lens), BLOCK
     raw = torch.randint(0, 256, (2, 8, bs, hk, d), generator=gen, dtype=torch.uint8).view(cache_dtype).float()
     # random bytes of every class but NaN (never stored), within +-8: exp() of the scores stays informative
     raw = raw.nan_to_num(0.0).clamp(-8, 8).to(cache_dtype)
@@ -79,3 +85,36 @@ def test_attention_reads_fp8_cache(kernels, ref, gen, close, cache_dtype, dtype,
     kw = {"kv_scale": torch.tensor([0.3, 0.05])} if cache_dtype == torch.float8_e4m3fn else {}
     got = kernels.paged_attention(q, k_cache, v_cache, meta, d**-0.5, **kw)
     close(got, ref.paged_attention(q, k_cache, v_cache, meta, d**-0.5, **kw), f"paged_attention over {cache_dtype}")
+
+
+def test_bf16_cache_under_float32_stores_torch_bf16_bytes(kernels, ref, gen):
+    """Rounded to nearest even as torch casts: ties both ways, overflow to inf, infinities,
+    the largest finite values and subnormals; NaN stays NaN (torch's NaN bits vary by path)."""
+    meta = _slots_case(gen)
+    k = torch.randn(meta.num_tokens, 2, 64, generator=gen) * 3
+    v = torch.randn(meta.num_tokens, 2, 64, generator=gen) * 1e-39  # float32 subnormals
+    ties = [1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8), 3.3895e38, 3.4e38, float("inf"), -float("inf"), float("nan")]
+    k[0, 0, : len(ties)] = torch.tensor(ties)
+    shape = (12, 16, 2, 64)
+    got_k, got_v, want_k, want_v = (torch.zeros(shape, dtype=torch.bfloat16) for _ in range(4))
+    kernels.write_kv_cache(k, v, got_k, got_v, meta.slot_mapping)
+    ref.write_kv_cache(k, v, want_k, want_v, meta.slot_mapping)
+    nan = want_k.isnan()
+    assert int(nan.sum()) == 1 and bool(got_k[nan].isnan().all())
+    got_k[nan] = want_k[nan] = 0
+    assert torch.equal(got_k.view(torch.int16), want_k.view(torch.int16))
+    assert torch.equal(got_v.view(torch.int16), want_v.view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,hq,hk,d", [([1, 1], [17, 40], 9, 3, 64), ([5, 1, 12], [5, 33, 20], 8, 2, 40)]
+)
+@pytest.mark.parametrize("window", [None, 7])
+def test_attention_reads_bf16_cache_under_float32(kernels, ref, gen, close, query_lens, seq_lens, hq, hk, d, window):
+    meta, bs = _attention_case(gen, query_lens, seq_lens), BLOCK
+    k_cache, v_cache = (torch.randn(8, bs, hk, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(sum(query_lens), hq, d, generator=gen)
+    got = kernels.paged_attention(q, k_cache, v_cache, meta, d**-0.5, window)
+    assert got.dtype == torch.float32
+    want = ref.paged_attention(q, k_cache, v_cache, meta, d**-0.5, window)
+    close(got, want, "paged_attention over a bfloat16 cache (float32 queries)")
