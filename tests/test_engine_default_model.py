@@ -1,5 +1,6 @@
 """The offline API on the default model (SmolLM2-135M-Instruct GGUF): text, chat, sampling features."""
 
+import numpy as np
 import pytest
 
 from core import LLM, SamplingParams
@@ -111,7 +112,12 @@ def test_too_long_request_is_rejected_clearly(llm):
         llm.generate(prompt_token_ids=[[10**9]], use_tqdm=False)
     with pytest.raises(TypeError, match="prompt_token_ids"):  # token ids where text goes
         llm.generate([[1, 2, 3]], use_tqdm=False)
+    with pytest.raises(ValueError, match="prompt token ids must be integers, got str 'input_ids'"):
+        llm.generate(prompt_token_ids=[{"input_ids": [1, 2]}], use_tqdm=False)  # a tokenizer's output as it is
     assert not llm.engine.has_unfinished_requests()
+    # numpy's integers (an array's items) are taken as plain ints
+    ids = llm.generate(prompt_token_ids=[list(np.array([1, 2, 3]))], use_tqdm=False)[0].prompt_token_ids
+    assert ids == [1, 2, 3] and all(type(t) is int for t in ids)
 
 
 def test_abort_frees_blocks(llm):

@@ -10,6 +10,7 @@ scheduler's cap on length); :meth:`RequestState.to_output` builds the request's
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -164,9 +165,14 @@ def build_request(
 ) -> RequestState:
     """Check a new request against the model and build its state (``params.n`` sequences).
 
-    :raises ValueError: an empty prompt, token ids outside the vocabulary, or a request
-        longer than ``max_model_len`` (:func:`core.sequence.check_length`).
+    :raises ValueError: an empty prompt, token ids that are not integers or are outside the
+        vocabulary, or a request longer than ``max_model_len`` (:func:`core.sequence.check_length`).
     """
+    try:  # plain ints from any integers (numpy's, 0-d tensors')
+        prompt_token_ids = [operator.index(t) for t in prompt_token_ids]
+    except TypeError:
+        bad = next(t for t in prompt_token_ids if not hasattr(type(t), "__index__"))
+        raise ValueError(f"prompt token ids must be integers, got {type(bad).__name__} {bad!r}") from None
     if any(not 0 <= t < vocab_size for t in prompt_token_ids):
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), the vocabulary of the model")
     params = params.clone(max_tokens=check_length(len(prompt_token_ids), params.max_tokens, max_model_len))
