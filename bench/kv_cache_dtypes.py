@@ -2,7 +2,7 @@
 
     python bench/kv_cache_dtypes.py [--steps 32] [--rounds 2]   # updates its section of bench/RESULTS.md
 
-For every KV cache dtype the CPU platforms declare (``auto`` = float32, ``bfloat16``,
+For every KV cache dtype the CPU platforms declare (``auto`` = float32, ``float16``, ``bfloat16``,
 ``fp8_e4m3``, ``fp8_e5m2``), the engine (default GGUF, float32 compute, native kernels,
 2 threads as the process is pinned) decodes ``--steps`` greedy tokens of 8 chat prompts
 with their logprobs, compared with transformers in float32 on the same weights (the GGUF
@@ -30,7 +30,7 @@ from floors import machine_info  # noqa: E402
 from results import md_table, write_section  # noqa: E402
 
 SECTION = "kv-cache-dtypes"
-DTYPES = ("auto", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+DTYPES = ("auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 TEXTS = [
     "The capital of France is",
     "def fibonacci(n):",

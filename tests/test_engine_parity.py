@@ -169,11 +169,11 @@ def test_profile_run_only_when_the_profiler_needs_it(tmp_path, device, monkeypat
     check_against_hf(llm, {id(PROMPTS): [hf_greedy(hf, p, MAX_TOKENS) for p in PROMPTS]})
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2", "bfloat16", "float16"])
 @pytest.mark.parametrize("device", ["reference", "auto"])
 def test_kv_cache_dtype_greedy_parity(model_dir, device, kv_cache_dtype):
     """KV caches rounded below the float32 compute (E4M3 with per-layer scales, E5M2,
-    bfloat16): equal tokens, or at the first difference each side's token in the other's top
+    bfloat16, float16): equal tokens, or at the first difference each side's token in the other's top
     5; twice, the second time from the prefix cache.
     Llama and Gemma 3 (sliding windows, q/k norms) only, to stay fast: Qwen2 and Mistral
     share Llama's attention."""

@@ -37,7 +37,8 @@ def test_one_byte_cache_holds_more_tokens_in_the_same_bytes(tiny_llama, dtype, f
     assert capacity("fp8") == factor * capacity("auto") == budget // 128
 
 
-def test_bfloat16_cache_under_float32_holds_twice_the_tokens(tiny_llama):
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "float16"])
+def test_16bit_cache_under_float32_holds_twice_the_tokens(tiny_llama, kv_cache_dtype):
     def capacity(kv_cache_dtype):
         llm = _engine(
             tiny_llama, ReferencePlatform(), dtype="float32", kv_cache_dtype=kv_cache_dtype, kv_cache_bytes=1 << 16
@@ -45,7 +46,8 @@ def test_bfloat16_cache_under_float32_holds_twice_the_tokens(tiny_llama):
         stats = llm.engine.stats()
         return llm.engine.config.kv_cache_dtype, stats["num_total_blocks"] * stats["block_size"]
 
-    assert capacity("bfloat16") == ("bfloat16", 2 * capacity("auto")[1]) == ("bfloat16", (1 << 16) // 256)
+    want = (kv_cache_dtype, (1 << 16) // 256)
+    assert capacity(kv_cache_dtype) == want and want[1] == 2 * capacity("auto")[1]
 
 
 def test_unsupported_kv_cache_dtype_names_the_platform(tiny_llama):

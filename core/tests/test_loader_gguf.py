@@ -127,9 +127,9 @@ def test_gguf_quantization_on_reference_kernels_is_unsupported(cache_dir):
         load_model(None, kernels=Kernels(), dtype=torch.float32, device=CPU, quantization="gguf")
 
 
-@pytest.mark.parametrize("kv_cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16])
 def test_kv_cache_dtype_keeps_greedy_parity(ours, hf_model, prompt_ids, kv_cache_dtype):
-    """KV caches below float32 (one byte, bfloat16): the same greedy tokens as transformers,
+    """KV caches below float32 (one byte, 16-bit): the same greedy tokens as transformers,
     or at the first difference each side's token in the other's top 5 (a near-tie the
     cache's rounding may flip)."""
     runner = StandaloneRunner(

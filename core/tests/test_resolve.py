@@ -178,6 +178,6 @@ def test_kv_cache_dtype_resolves_once_and_unsupported_ones_name_the_platform(mod
     view = resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="fp8")).config
     assert view.kv_cache_dtype == "fp8_e4m3"  # vLLM's fp8 is E4M3
     with pytest.raises(
-        ValueError, match="kv_cache_dtype must be one of auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, got 'int8'"
+        ValueError, match="kv_cache_dtype must be one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, got 'int8'"
     ):
         resolve_engine(EngineConfig(model=str(model_dir), device=host, kv_cache_dtype="int8"))

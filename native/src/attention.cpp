@@ -3,10 +3,10 @@
 // sharing that kv head are done together so each cached K/V row is loaded once.
 // Online softmax over chunks of keys; query i of a sequence sees keys
 // 0 .. seq_len - query_len + i (causal with offset), only the last `window` of them in a
-// sliding-window layer (window > 0). A bfloat16 cache under float32 queries is read
-// in place, widened as it is loaded (half the bytes of a float32 cache: decode reads every
-// cached row once a step); a one-byte cache (fp8.h) is decoded a chunk of rows at a time
-// into float rows, times the layer's K/V scale.
+// sliding-window layer (window > 0). A bfloat16 or float16 cache under float32 queries is
+// read in place, widened as it is loaded (half the bytes of a float32 cache: decode reads
+// every cached row once a step); a one-byte cache (fp8.h) is decoded a chunk of rows at a
+// time into float rows, times the layer's K/V scale.
 #include <stdlib.h>
 
 #include "fp8.h"
@@ -367,11 +367,14 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
   if (tiles != tile_buf) free(tiles);
 }
 
-// x[0 .. n) stored as cache_dtype at dst: bfloat16, or one-byte codes of x / scale (fp8.h)
+// x[0 .. n) stored as cache_dtype at dst: bfloat16, float16, or one-byte codes of x / scale (fp8.h)
 template <typename T>
 static void cast_row(const T *x, long n, int cache_dtype, float scale, void *dst) {
   if (cache_dtype == CK_BF16) {
     bf16_t *o = (bf16_t *)dst;
+    for (long i = 0; i < n; ++i) from_f32(to_f32(x[i]), &o[i]);
+  } else if (cache_dtype == CK_F16) {
+    f16_t *o = (f16_t *)dst;
     for (long i = 0; i < n; ++i) from_f32(to_f32(x[i]), &o[i]);
   } else {
     uint8_t *o = (uint8_t *)dst;
@@ -390,8 +393,9 @@ long CK_FN(attention_max_head)(void) { return kMaxHead; }
 long CK_FN(attention_max_group)(void) { return kMaxGroup; }
 
 // out[tokens, hq, d] (contiguous) = attention of q (row t at t * q_stride, heads
-// contiguous) over caches [num_blocks, block_size, hk, d] of cache_dtype (dtype, CK_BF16
-// under CK_F32, or a one-byte code of fp8.h whose values are scaled by k_scale / v_scale); starts =
+// contiguous) over caches [num_blocks, block_size, hk, d] of cache_dtype (dtype, CK_BF16 or
+// CK_F16 under CK_F32, or a one-byte code of fp8.h whose values are scaled by k_scale /
+// v_scale); starts =
 // query_start_loc [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride]
 // (all int32); window > 0: a sliding-window layer's window (each query sees its last
 // `window` positions), 0: the whole context. Blocks before a query's window are not read.
@@ -413,6 +417,11 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
       attend<bf16_t, uint8_t>((bf16_t *)out, (const bf16_t *)q, q_stride, kc, vc, starts,
                               seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d,
                               block_size, scale, window, lut, cache_dtype, k_scale, v_scale, nthreads);
+  } else if (dtype == CK_F32 && cache_dtype == CK_F16) {
+    attend<float, f16_t>((float *)out, (const float *)q, q_stride, (const f16_t *)k_cache,
+                         (const f16_t *)v_cache, starts, seq_lens, tables, table_stride,
+                         tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, cache_dtype, 1.0f, 1.0f,
+                         nthreads);
   } else if (dtype == CK_F32 && cache_dtype == CK_BF16) {
     attend<float, bf16_t>((float *)out, (const float *)q, q_stride, (const bf16_t *)k_cache,
                           (const bf16_t *)v_cache, starts, seq_lens, tables, table_stride,
@@ -433,15 +442,15 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
 
 // Rows t of k and v (dtype; row t at t * k_stride / v_stride elements, row = kv_heads *
 // head_dim values) stored into slot slots[t] of caches of another dtype, cache_dtype:
-// bfloat16 (rounded to nearest even, from float32) or a one-byte code of fp8.h holding
-// x / k_scale, x / v_scale. Negative slots are padding and skipped. Returns the number of
-// slots >= num_slots (not written).
+// bfloat16 or float16 (rounded to nearest even, from float32) or a one-byte code of fp8.h
+// holding x / k_scale, x / v_scale. Negative slots are padding and skipped. Returns the
+// number of slots >= num_slots (not written).
 long CK_FN(write_kv_cache_cast)(int dtype, int cache_dtype, const void *k, long k_stride,
                                   const void *v, long v_stride, void *k_cache, void *v_cache,
                                   const int64_t *slots, long tokens, long row, long num_slots,
                                   float k_scale, float v_scale) {
   long bad = 0;
-  const long row_bytes = row * (cache_dtype == CK_BF16 ? 2 : 1);
+  const long row_bytes = row * (cache_dtype == CK_BF16 || cache_dtype == CK_F16 ? 2 : 1);
   for (long t = 0; t < tokens; ++t) {
     const int64_t s = slots[t];
     if (s < 0) continue;

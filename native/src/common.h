@@ -31,8 +31,9 @@
 #define CK_FN(name) CK_CAT(ck_, CK_ISA, _##name)
 #define CK_NS CK_CAT(ck_, CK_ISA, _impl)
 
-// dtype codes shared with Python (plugins/src/plugins/cpu_native/library.py)
-enum { CK_F32 = 0, CK_BF16 = 1 };
+// dtype codes shared with Python (plugins/src/plugins/cpu_native/library.py); CK_F16 is a
+// KV cache dtype only (attention.cpp), after fp8.h's one-byte ones
+enum { CK_F32 = 0, CK_BF16 = 1, CK_F16 = 4 };
 
 namespace CK_NS {
 
@@ -72,6 +73,32 @@ static inline float half_to_f32(uint16_t h) {
   }
   if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
   return bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+#endif
+}
+
+// an IEEE half of a float16 KV cache: a type of its own (bf16_t is a uint16_t too)
+struct f16_t {
+  uint16_t bits;
+};
+static inline float to_f32(f16_t x) { return half_to_f32(x.bits); }
+// round-to-nearest-even like torch's cast: past 65504 (from 65520 on) inf, NaN a quiet NaN
+static inline void from_f32(float x, f16_t *out) {
+#if defined(__F16C__)
+  out->bits = (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__aarch64__)
+  out->bits = __builtin_bit_cast(uint16_t, (__fp16)x);  // one FCVT, FPCR's default rounding
+#else
+  const uint32_t u = float_to_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) {  // NaN: quiet, the top of its payload kept
+    out->bits = (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  } else if (a >= 0x477ff000u) {  // 65520 and up (and inf): inf
+    out->bits = (uint16_t)(sign | 0x7c00u);
+  } else if (a < 0x38800000u) {  // below 2^-14: a subnormal half, mant * 2^-24 (exact scaling)
+    out->bits = (uint16_t)(sign | (uint32_t)__builtin_rintf(bits_to_float(a) * 16777216.0f));
+  } else {  // rebias the exponent, round 23 mantissa bits to 10 (a carry moves the exponent)
+    const uint32_t r = a - (112u << 23);
+    out->bits = (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+  }
 #endif
 }
 

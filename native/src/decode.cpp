@@ -32,7 +32,7 @@ struct CKDecoder {
   const void *cos_sin;     // [max_pos, head_dim] (cos_sin_dtype)
   float eps, scale;
   int dtype, norm_dtype, cos_sin_dtype;
-  int cache_dtype;  // dtype, bfloat16 under float32, or a one-byte code of fp8.h
+  int cache_dtype;  // dtype, bfloat16 or float16 under float32, or a one-byte code of fp8.h
   long window;      // every layer's attention window (Mistral's sliding window), 0: none
 };
 

@@ -42,6 +42,15 @@ CK_INLINE v8 v8_load(const bf16_t *p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+#if defined(__F16C__)
+CK_INLINE v8 v8_load(const f16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#else
+CK_INLINE v8 v8_load(const f16_t *p) {
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = to_f32(p[i]);
+  return _mm256_loadu_ps(f);
+}
+#endif
 CK_INLINE void v8_store(float *p, v8 v) { _mm256_storeu_ps(p, v); }
 CK_INLINE v8 v8_add(v8 a, v8 b) { return _mm256_add_ps(a, b); }
 CK_INLINE v8 v8_mul(v8 a, v8 b) { return _mm256_mul_ps(a, b); }
@@ -133,6 +142,10 @@ CK_INLINE v8 v8_load(const bf16_t *p) {  // bf16 -> f32: the 16 bits become the 
   return {vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(u), 16)),
           vreinterpretq_f32_u32(vshll_high_n_u16(u, 16))};
 }
+CK_INLINE v8 v8_load(const f16_t *p) {  // two FCVTLs: base ARMv8
+  const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16((const uint16_t *)p));
+  return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+}
 CK_INLINE v8 v8_from_i8(const uint8_t *p) {
   const int16x8_t w = vmovl_s8(vld1_s8((const int8_t *)p));
   return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vcvtq_f32_s32(vmovl_high_s16(w))};
@@ -150,6 +163,11 @@ CK_INLINE void v8_nibbles(const uint8_t *p, int off, v8 *lo, v8 *hi) {
 CK_INLINE v8 v8_load(const bf16_t *p) {  // big-endian: (bits, 0) as a 32-bit lane is bits << 16
   const __vector unsigned short u = vec_xl(0, p), z = vec_splats((unsigned short)0);
   return {(v4)vec_mergeh(u, z), (v4)vec_mergel(u, z)};
+}
+CK_INLINE v8 v8_load(const f16_t *p) {  // no half conversion in z's vector facility
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = to_f32(p[i]);
+  return v8_load(f);
 }
 #if __ARCH__ >= 13  // z15 (vector-enhancements facility 2): 32-bit int -> float in vector
 CK_INLINE v8 v8_from_ints(const int32_t *w) {
@@ -198,6 +216,7 @@ CK_INLINE vw vw_load(const bf16_t *p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+CK_INLINE vw vw_load(const f16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 CK_INLINE void vw_store(float *p, vw v) { _mm512_storeu_ps(p, v); }
 CK_INLINE vw vw_fma(vw a, vw b, vw c) { return _mm512_fmadd_ps(a, b, c); }
 // 46 instructions for 16 sums: halves of pairs of vectors added (256-bit, then 128-bit
@@ -222,6 +241,7 @@ CK_INLINE vw vw_zero() { return v8_zero(); }
 CK_INLINE vw vw_set1(float x) { return v8_set1(x); }
 CK_INLINE vw vw_load(const float *p) { return v8_load(p); }
 CK_INLINE vw vw_load(const bf16_t *p) { return v8_load(p); }
+CK_INLINE vw vw_load(const f16_t *p) { return v8_load(p); }
 CK_INLINE void vw_store(float *p, vw v) { v8_store(p, v); }
 CK_INLINE vw vw_fma(vw a, vw b, vw c) { return v8_fma(a, b, c); }
 CK_INLINE void vw_hsum(const vw *v, float *out) { v8_hsum8x8(v, out); }

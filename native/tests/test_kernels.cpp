@@ -18,7 +18,7 @@
 
 namespace {
 
-enum { F32 = 0, BF16 = 1 };
+enum { F32 = 0, BF16 = 1, F16 = 4 };  // F16: a KV cache dtype only
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, INT8 = 3, F32W = 4, X8 = 8, Q5_0 = 12, Q5_1 = 13, E4M3W = 14 };
 // float-scaled blocks, x8 layout only (what K-quants and Q5 formats are repacked into)
 enum { Q4FX8 = 15, U8FX8 = 16, S8FX8 = 17 };
@@ -233,17 +233,25 @@ double fp8_value(uint8_t b, int cache) {
   return b & 0x80 ? -mag : mag;
 }
 
+// the value of IEEE half h, from the format's definition (subnormals, infinities, NaN)
+double half_value(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  const double mag = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+  return h & 0x8000 ? -mag : mag;
+}
+
 // Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
 // 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
 // with write_kv_cache through shuffled block tables, then attended. A one-byte cache
 // (cache = FP8_*) is written with scales fp8_scale (K) and fp8_scale / 2.5 (V) and checked
 // against the unrounded values within the format's rounding (the Python tests compare its
 // bytes with torch's exactly), and against the values its bytes hold as closely as float32;
-// a large fp8_scale writes mostly subnormal codes. A bfloat16 cache under float32 (cache =
-// BF16, dtype = F32) is checked likewise: against the rows rounded to bfloat16 as closely
-// as float32, and against the rows as given within bfloat16's rounding.
+// a large fp8_scale writes mostly subnormal codes. A bfloat16 or float16 cache under float32
+// (cache = BF16 / F16, dtype = F32) is checked likewise: against the values its rows hold as
+// closely as float32, and against the rows as given within the format's rounding.
 void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f) {
-  const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2, cast = fp8 || (cache == BF16 && dtype == F32);
+  const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
+  const bool cast = fp8 || (dtype == F32 && (cache == BF16 || cache == F16));
   if (!cast) cache = dtype;
   const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
   const int32_t seq_lens[2] = {8, 37}, starts[3] = {0, 5, 6};
@@ -262,7 +270,7 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
     for (auto &v : kv) v = round_bf16(v);
   }
   const size_t es = dtype == F32 ? 4 : 2;
-  const size_t cs = fp8 ? 1 : cache == BF16 ? 2 : 4;
+  const size_t cs = fp8 ? 1 : cache == F32 ? 4 : 2;
   const float k_scale = fp8 ? fp8_scale : 1.0f, v_scale = fp8 ? fp8_scale / 2.5f : 1.0f;
   std::vector<uint8_t> kc(blocks * bs * row * cs, 0), vc(kc.size(), 0), qb(tokens * hq * d * es),
       kb(kv_rows * row * es), vb(kb.size());
@@ -320,22 +328,32 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
         held[0][r * row + i] = fp8_value(kc[slots[r] * row + i], cache) * k_scale;
         held[1][r * row + i] = fp8_value(vc[slots[r] * row + i], cache) * v_scale;
       }
-  if (cast && !fp8)  // bfloat16: the rows' values rounded to nearest even
+  if (cache == BF16 && dtype == F32)  // the rows' values rounded to nearest even
     for (int c = 0; c < 2; ++c) {
       const auto rounded = round_bf16(kv[c]);
       held[c].assign(rounded.begin(), rounded.end());
     }
+  if (cache == F16)  // the halves the cache holds
+    for (long r = 0; r < kv_rows; ++r)
+      for (long i = 0; i < row; ++i) {
+        uint16_t hk, hv;
+        memcpy(&hk, &kc[(slots[r] * row + i) * 2], 2);
+        memcpy(&hv, &vc[(slots[r] * row + i) * 2], 2);
+        held[0][r * row + i] = half_value(hk);
+        held[1][r * row + i] = half_value(hv);
+      }
   const std::vector<double> ref = reference(kvd);
   std::vector<uint8_t> out(tokens * hq * d * es);
   s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
                                      v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, window, 2);
   const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
                            (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache"
-                            : cast ? " bf16 cache" : "") +
+                            : cast ? (cache == F16 ? " f16 cache" : " bf16 cache") : "") +
                            (window ? " window " + std::to_string(window) : "") +
                            (fp8 ? " scale " + std::to_string(fp8_scale) : "");
   if (cast) {
-    const double rtol = cache == FP8_E4M3 ? 0.15 : cache == FP8_E5M2 ? 0.3 : 2e-2, atol = fp8 ? 0.1 : 5e-3;
+    const double rtol = cache == FP8_E4M3 ? 0.15 : cache == FP8_E5M2 ? 0.3 : cache == F16 ? 3e-3 : 2e-2;
+    const double atol = fp8 ? 0.1 : cache == F16 ? 6e-4 : 5e-3;
     if (fp8_scale < 1.0f) s.check(name, (const float *)out.data(), ref, rtol, atol);
     s.check(name + " (held values)", (const float *)out.data(), reference(held), 1e-4, 1e-5);
   }
@@ -647,7 +665,8 @@ int main(int argc, char **argv) {
     test_attention(s, 64, BF16);
     for (int cache : {FP8_E4M3, FP8_E5M2})
       for (float fp8_scale : {0.05f, 40.0f}) test_attention(s, 64, F32, cache, 0, fp8_scale);
-    for (long d : {64L, 40L}) test_attention(s, d, F32, BF16);
+    for (long d : {64L, 40L})
+      for (int cache : {BF16, F16}) test_attention(s, d, F32, cache);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})

@@ -87,16 +87,22 @@ def test_attention_reads_fp8_cache(kernels, ref, gen, close, cache_dtype, dtype,
     close(got, ref.paged_attention(q, k_cache, v_cache, meta, d**-0.5, **kw), f"paged_attention over {cache_dtype}")
 
 
-def test_bf16_cache_under_float32_stores_torch_bf16_bytes(kernels, ref, gen):
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_16bit_cache_under_float32_stores_torch_bytes(kernels, ref, gen, cache_dtype):
     """Rounded to nearest even as torch casts: ties both ways, overflow to inf, infinities,
-    the largest finite values and subnormals; NaN stays NaN (torch's NaN bits vary by path)."""
+    the largest finite values and subnormals (of both formats); NaN stays NaN (torch's NaN
+    bits vary by path)."""
     meta = _slots_case(gen)
     k = torch.randn(meta.num_tokens, 2, 64, generator=gen) * 3
-    v = torch.randn(meta.num_tokens, 2, 64, generator=gen) * 1e-39  # float32 subnormals
-    ties = [1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8), 3.3895e38, 3.4e38, float("inf"), -float("inf"), float("nan")]
-    k[0, 0, : len(ties)] = torch.tensor(ties)
+    v = torch.randn(meta.num_tokens, 2, 64, generator=gen) * (1e-39 if cache_dtype == torch.bfloat16 else 1e-6)
+    info = torch.finfo(cache_dtype)
+    ulp = info.eps / 2  # half a step at 1.0: a tie
+    special = [1.0 + ulp, 1.0 + 3 * ulp, -(1.0 + ulp), float(info.max), float(info.max) * (1 + ulp / 2),
+               float(info.max) * (1 + ulp), float("inf"), -float("inf"), float("nan"), float(info.smallest_normal),
+               float(info.smallest_normal) * 0.75, float(info.tiny) * 2**-3]  # fmt: skip
+    k[0, 0, : len(special)] = torch.tensor(special)
     shape = (12, 16, 2, 64)
-    got_k, got_v, want_k, want_v = (torch.zeros(shape, dtype=torch.bfloat16) for _ in range(4))
+    got_k, got_v, want_k, want_v = (torch.zeros(shape, dtype=cache_dtype) for _ in range(4))
     kernels.write_kv_cache(k, v, got_k, got_v, meta.slot_mapping)
     ref.write_kv_cache(k, v, want_k, want_v, meta.slot_mapping)
     nan = want_k.isnan()
@@ -106,15 +112,27 @@ def test_bf16_cache_under_float32_stores_torch_bf16_bytes(kernels, ref, gen):
     assert torch.equal(got_v.view(torch.int16), want_v.view(torch.int16))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "query_lens,seq_lens,hq,hk,d", [([1, 1], [17, 40], 9, 3, 64), ([5, 1, 12], [5, 33, 20], 8, 2, 40)]
 )
 @pytest.mark.parametrize("window", [None, 7])
-def test_attention_reads_bf16_cache_under_float32(kernels, ref, gen, close, query_lens, seq_lens, hq, hk, d, window):
-    meta, bs = _attention_case(gen, query_lens, seq_lens), BLOCK
-    k_cache, v_cache = (torch.randn(8, bs, hk, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+def test_attention_reads_16bit_cache_under_float32(
+    kernels, ref, gen, close, cache_dtype, query_lens, seq_lens, hq, hk, d, window
+):
+    meta = _attention_case(gen, query_lens, seq_lens)
+    k_cache, v_cache = (torch.randn(8, BLOCK, hk, d, generator=gen).to(cache_dtype) for _ in range(2))
     q = torch.randn(sum(query_lens), hq, d, generator=gen)
     got = kernels.paged_attention(q, k_cache, v_cache, meta, d**-0.5, window)
     assert got.dtype == torch.float32
     want = ref.paged_attention(q, k_cache, v_cache, meta, d**-0.5, window)
-    close(got, want, "paged_attention over a bfloat16 cache (float32 queries)")
+    close(got, want, f"paged_attention over a {cache_dtype} cache (float32 queries)")
+
+
+def test_16bit_cache_under_bfloat16_falls_back_to_the_reference(kernels, ref, gen):
+    """A float16 cache under bfloat16 compute: no native kernel reads it, the reference does."""
+    meta = _attention_case(gen, [3, 1], [3, 20])
+    k_cache, v_cache = (torch.randn(8, BLOCK, 2, 64, generator=gen).half() for _ in range(2))
+    q = torch.randn(4, 4, 64, generator=gen).bfloat16()
+    got = kernels.paged_attention(q, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(got, ref.paged_attention(q, k_cache, v_cache, meta, 0.125))

@@ -92,9 +92,9 @@ def test_fused_equals_eager(model_dir, dtype, quantization, int8_act):
                 assert torch.equal(ek, fk) and torch.equal(ev, fv)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16])
 def test_fused_equals_eager_with_cast_cache(model_dir, cache_dtype):
-    """Caches of another dtype (one-byte, bfloat16 under float32): an E4M3 cache's first step
+    """Caches of another dtype (one-byte, 16-bit under float32): an E4M3 cache's first step
     runs eagerly (it sets the layers' scales), then the fused decoder takes over; hidden
     states and cache bytes equal the eager run's."""
     platform, model = load(model_dir, torch.float32, None, False)

@@ -37,7 +37,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     kv_cache_bytes: int | None = None  # KV cache size; None = the platform's memory profiler decides
-    kv_cache_dtype: str = "auto"  # auto = the compute dtype; bfloat16; fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2: one byte
+    kv_cache_dtype: str = "auto"  # auto = the compute dtype; bfloat16, float16; fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2
     gpu_memory_utilization: float = 0.9
     served_model_name: str | None = None
     tensor_parallel_size: int = 1  # ranks one model is split over
@@ -88,7 +88,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=d.kv_cache_dtype,
         choices=KV_CACHE_DTYPE_CHOICES,
-        help="KV cache storage: auto = the compute dtype; bfloat16 (half a float32 cache's bytes); "
+        help="KV cache storage: auto = the compute dtype; float16 or bfloat16 (half a float32 cache's bytes); "
         "fp8 (= fp8_e4m3, per-layer scales) or fp8_e5m2: one byte",
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 #: the values ``--kv-cache-dtype`` accepts (vLLM's; :mod:`plugins.kv_cache`), named here
 #: without torch so that the CLI imports none
-KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: ``fp8`` is E4M3, as in vLLM
 KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 
@@ -43,8 +43,8 @@ class EngineConfigView:
         (then the user's value, or :meth:`plugins.Platform.default_max_num_batched_tokens`).
     :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
     :ivar kv_cache_dtype: ``--kv-cache-dtype`` (:mod:`plugins.kv_cache`): before resolution one of
-        ``auto``, ``bfloat16``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; resolved, ``bfloat16``,
-        ``fp8_e4m3``, ``fp8_e5m2`` or the compute dtype's name (for ``auto``).
+        ``auto``, ``bfloat16``, ``float16``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; resolved, one of
+        those but ``auto`` and ``fp8``, or the compute dtype's name (for ``auto``).
     :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
     :ivar local_rank: this process's rank on its own machine.
     """

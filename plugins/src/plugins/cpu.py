@@ -218,8 +218,8 @@ class CpuPlatform(Platform):
     priority = 10
     env_vars = CPU_ENV_VARS
     #: torch on the CPU has both float8 dtypes: the reference kernels (and the native ones) run
-    #: them, and a bfloat16 cache under float32 compute (native/src/attention.cpp)
-    supported_kv_cache_dtypes = ("bfloat16", "fp8_e4m3", "fp8_e5m2")
+    #: them, and 16-bit caches under float32 compute (native/src/attention.cpp)
+    supported_kv_cache_dtypes = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
 
     def __init__(self) -> None:
         #: the CPUs the compute threads run on after :meth:`init_device` (None: not bound)

@@ -1,13 +1,15 @@
-"""KV cache dtypes: a bfloat16 cache under float32 compute, one-byte FP8 caches and their
+"""KV cache dtypes: 16-bit caches under float32 compute, one-byte FP8 caches and their
 per-layer scales (the torch reference).
 
-``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``bfloat16``, ``fp8``
-(= ``fp8_e4m3``), ``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the dtypes its kernels store
-and read besides the compute dtype in :attr:`plugins.Platform.supported_kv_cache_dtypes`.
+``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``bfloat16``,
+``float16``, ``fp8`` (= ``fp8_e4m3``), ``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the dtypes
+its kernels store and read besides the compute dtype in
+:attr:`plugins.Platform.supported_kv_cache_dtypes`.
 
-- ``bfloat16`` under float32 compute halves the bytes a decode step reads from the cache
-  (each cached row is read once a step) and doubles the tokens a cache holds; values are
-  rounded to nearest even (8 significant bits), read back widened to float32.
+- ``float16`` and ``bfloat16`` under float32 compute halve the bytes a decode step reads from
+  the cache (each cached row is read once a step) and double the tokens a cache holds; values
+  are rounded to nearest even, read back widened to float32. ``float16`` keeps 11 significant
+  bits (a value past 65504 becomes inf, as torch casts), ``bfloat16`` 8 with float32's range.
 
 - ``fp8_e5m2`` (``torch.float8_e5m2``) is the top byte of an IEEE fp16: its range covers
   any activation, so it is stored without a scale (values cast with round-to-nearest-even).
@@ -30,7 +32,7 @@ import torch
 #: the one-byte KV dtypes by resolved name
 FP8_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 #: the dtypes a platform may declare in ``supported_kv_cache_dtypes``, by resolved name
-DECLARABLE_KV_DTYPES = {"bfloat16": torch.bfloat16, **FP8_KV_DTYPES}
+DECLARABLE_KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, **FP8_KV_DTYPES}
 #: the first write maps ``amax(|x|)`` to this value (E4M3's largest is 448): 2x headroom
 E4M3_CALIBRATION_TARGET = 224.0
 
@@ -42,10 +44,10 @@ def kv_torch_dtype(name: str) -> torch.dtype:
     """
     if name in DECLARABLE_KV_DTYPES:
         return DECLARABLE_KV_DTYPES[name]
-    if name in ("float32", "float16"):
-        return getattr(torch, name)
+    if name == "float32":
+        return torch.float32
     raise ValueError(
-        f"unknown resolved KV cache dtype {name!r}; expected bfloat16, fp8_e4m3, fp8_e5m2 or a compute dtype"
+        f"unknown resolved KV cache dtype {name!r}; expected bfloat16, float16, fp8_e4m3, fp8_e5m2 or a compute dtype"
     )
 
 

@@ -41,10 +41,10 @@ class Platform:
     # -- capabilities (optional) -----------------------------------------------------
     #: compute dtypes the platform runs, best first; the first is the ``auto`` dtype
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
-    #: KV cache dtypes (``"bfloat16"`` under float32 compute, the one-byte ``"fp8_e4m3"`` and
+    #: KV cache dtypes (``"bfloat16"``, ``"float16"``, the one-byte ``"fp8_e4m3"`` and
     #: ``"fp8_e5m2"``, see :mod:`plugins.kv_cache`) the platform's ``write_kv_cache`` and
     #: ``paged_attention`` store and read, besides the compute dtype (``--kv-cache-dtype
-    #: auto``, always supported). The SDK's torch reference kernels handle all three on
+    #: auto``, always supported). The SDK's torch reference kernels handle all four on
     #: devices where torch has the float8 dtypes; declare only what the conformance kit
     #: passes on the device (it checks each one declared)
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()

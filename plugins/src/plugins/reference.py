@@ -34,7 +34,7 @@ class ReferencePlatform(Platform):
 
     name = "reference"
     device_type = "cpu"
-    supported_kv_cache_dtypes = ("bfloat16", "fp8_e4m3", "fp8_e5m2")
+    supported_kv_cache_dtypes = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
 
 
 def tiny_model_config(config_cls: Any = None, **overrides: Any) -> Any:

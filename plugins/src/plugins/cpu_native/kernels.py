@@ -20,8 +20,20 @@ from plugins.kv_cache import calibrate
 #: the one-byte cache dtype codes of native/src/fp8.h (16/32-bit caches have the compute dtype's)
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 #: the codes of caches whose dtype differs from the compute dtype's: written converted
-#: (write_kv_cache_cast), read widened: bfloat16 under float32, and the one-byte ones
-CAST_CODES = {torch.bfloat16: DTYPE_BF16, **FP8_CODES}
+#: (write_kv_cache_cast), read widened: bfloat16 and float16 (CK_F16, native/src/common.h)
+#: under float32, and the one-byte ones
+CAST_CODES = {torch.bfloat16: DTYPE_BF16, torch.float16: 4, **FP8_CODES}
+
+
+def cache_code(dtype: torch.dtype, cache_dtype: torch.dtype) -> int | None:
+    """The native code of a KV cache of ``cache_dtype`` read under compute ``dtype``
+    (native/src/attention.cpp), or None where the kernels have no such pair: the compute
+    dtype's own, a one-byte one under either, bfloat16 / float16 under float32."""
+    if cache_dtype == dtype:
+        return NATIVE_DTYPES.get(dtype)
+    if cache_dtype in FP8_CODES:
+        return FP8_CODES[cache_dtype]
+    return CAST_CODES.get(cache_dtype) if dtype == torch.float32 else None
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
@@ -192,8 +204,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         dt = NATIVE_DTYPES.get(q.dtype)
-        # q's dtype, bfloat16 under float32, or one byte read with its scales (1 for E5M2)
-        cache_dt = dt if k_cache.dtype == q.dtype else CAST_CODES.get(k_cache.dtype)
+        # a one-byte cache is read with its scales (1 for E5M2)
+        cache_dt = cache_code(q.dtype, k_cache.dtype)
         k_scale, v_scale = (1.0, 1.0) if kv_scale is None else kv_scale.tolist()
         tokens, hq, d = q.shape
         hk = k_cache.shape[2]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from plugins.config import EngineConfigView
-from plugins.cpu_native.kernels import CAST_CODES
+from plugins.cpu_native.kernels import cache_code
 from plugins.cpu_native.library import F32W
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
 from plugins.model import LinearWeights, ModelDescription
@@ -113,7 +113,7 @@ class FusedDecoder:
         _need(cos_sin.dtype in NATIVE_DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = layers[0].k_cache
         cache_dtype = k_cache0.dtype
-        _need(cache_dtype == dtype or cache_dtype in CAST_CODES, f"KV cache dtype {cache_dtype}")
+        _need(cache_code(dtype, cache_dtype) is not None, f"KV cache dtype {cache_dtype} under {dtype}")
         # an E4M3 cache's scales are set by the first (eager) write: until then, steps run eagerly
         self.kv_scales = [layer.kv_scale for layer in layers if layer.kv_scale is not None]
         _need(len(self.kv_scales) in (0, len(layers)), "a kv_scale on every layer or none")
@@ -143,7 +143,7 @@ class FusedDecoder:
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
             _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
             desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
-            NATIVE_DTYPES[cos_sin.dtype], NATIVE_DTYPES[dtype] if cache_dtype == dtype else CAST_CODES[cache_dtype], desc.sliding_window or 0,
+            NATIVE_DTYPES[cos_sin.dtype], cache_code(dtype, cache_dtype), desc.sliding_window or 0,
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
