@@ -240,6 +240,46 @@ double half_value(uint16_t h) {
   return h & 0x8000 ? -mag : mag;
 }
 
+// float32 values written to a float16 cache (write_kv_cache_cast): each the half nearest to it,
+// ties to the even half, found by trying all 63488 finite halves; from 65520 on, inf (as torch
+// casts); NaN a NaN. Every ISA's conversion: F16C's, aarch64's FCVT, the software rounding
+void test_half_rounding(Suite &s) {
+  std::vector<float> x = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -(1.0f + 0x1p-11f), 65504.0f, 65519.99f, 65520.0f,
+                          -65520.0f, 1e9f, INFINITY, -INFINITY, 0x1p-14f, 0x1p-14f * 0.75f, 0x1p-24f * 1.5f,
+                          0x1p-25f, 0x1p-25f * 1.01f, 0x1p-26f, -0x1p-24f * 2.5f, 0.0f, -0.0f, 1e-30f};
+  const auto more = randn(44, 30.0f);
+  x.insert(x.end(), more.begin(), more.end());
+  x.push_back(NAN);
+  const long row = (long)x.size();
+  std::vector<uint16_t> kc(row), vc(row);
+  const int64_t slot = 0;
+  s.fn<WriteKvCast>("write_kv_cache_cast")(F32, F16, x.data(), row, x.data(), row, kc.data(), vc.data(), &slot, 1,
+                                           row, 1, 1.0f, 1.0f);
+  size_t bad = 0;
+  for (long i = 0; i < row; ++i) {
+    uint16_t want = 0;
+    if (x[i] != x[i]) {
+      bad += half_value(kc[i]) == half_value(kc[i]);  // not a NaN
+      continue;
+    }
+    const float a = fabsf(x[i]);
+    if (a >= 65520.0f) {
+      want = 0x7c00;
+    } else {
+      double best = INFINITY;
+      for (uint32_t h = 0; h < 0x7c00; ++h) {
+        const double err = fabs(half_value((uint16_t)h) - a);
+        if (err < best || (err == best && (h & 1) == 0)) best = err, want = (uint16_t)h;
+      }
+    }
+    if (signbit(x[i])) want |= 0x8000;
+    bad += kc[i] != want || vc[i] != want;
+  }
+  const float fbad = (float)bad;
+  const std::vector<double> zero(1, 0.0);
+  s.check("write_kv_cache_cast float16: nearest even half", &fbad, zero, 0, 0);
+}
+
 // Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
 // 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
 // with write_kv_cache through shuffled block tables, then attended. A one-byte cache
@@ -661,6 +701,7 @@ int main(int argc, char **argv) {
     Suite s{lib, isa};
     test_rms_norm(s);
     test_rotary_silu(s);
+    test_half_rounding(s);
     for (long d : {64L, 40L}) test_attention(s, d, F32);
     test_attention(s, 64, BF16);
     for (int cache : {FP8_E4M3, FP8_E5M2})
