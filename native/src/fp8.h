@@ -7,7 +7,7 @@
 #include "common.h"
 
 // cache dtype codes shared with Python (plugins/src/plugins/cpu_native/kernels.py),
-// after the compute dtypes CK_F32 and CK_BF16 (a 16/32-bit cache has one of those codes)
+// after the compute dtypes CK_F32 and CK_BF16 (16/32-bit caches: those and common.h's CK_F16)
 enum { CK_FP8_E4M3 = 2, CK_FP8_E5M2 = 3 };
 
 namespace CK_NS {

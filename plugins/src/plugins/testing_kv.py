@@ -1,7 +1,7 @@
 """The conformance checks of KV caches of a declared dtype (part of :class:`plugins.testing.PlatformConformance`).
 
 For each dtype a platform declares in :attr:`plugins.Platform.supported_kv_cache_dtypes`
-(bfloat16, the one-byte ones): its ``write_kv_cache`` stores what the SDK's reference stores
+(the 16-bit and one-byte ones): its ``write_kv_cache`` stores what the SDK's reference stores
 (and sets the same E4M3 scales), and its ``paged_attention`` over those bytes equals the
 reference attention over the same values read as float32.
 """

@@ -12,17 +12,16 @@ import os
 
 import torch
 from plugins.attention import AttentionMetadata
-from plugins.cpu_native.library import DTYPE_BF16, IsaTable, NativeLib
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F16, IsaTable, NativeLib
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
 from plugins.kv_cache import calibrate
 
-#: the one-byte cache dtype codes of native/src/fp8.h (16/32-bit caches have the compute dtype's)
+#: the one-byte cache dtype codes of native/src/fp8.h
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 #: the codes of caches whose dtype differs from the compute dtype's: written converted
-#: (write_kv_cache_cast), read widened: bfloat16 and float16 (CK_F16, native/src/common.h)
-#: under float32, and the one-byte ones
-CAST_CODES = {torch.bfloat16: DTYPE_BF16, torch.float16: 4, **FP8_CODES}
+#: (write_kv_cache_cast), read widened: bfloat16 and float16 under float32, the one-byte ones
+CAST_CODES = {torch.bfloat16: DTYPE_BF16, torch.float16: DTYPE_F16, **FP8_CODES}
 
 
 def cache_code(dtype: torch.dtype, cache_dtype: torch.dtype) -> int | None:

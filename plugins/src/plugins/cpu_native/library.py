@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from plugins.errors import PlatformUnavailable
 
 DTYPE_F32, DTYPE_BF16 = 0, 1
+#: a float16 KV cache (native/src/common.h's CK_F16): a cache dtype, not a compute one
+DTYPE_F16 = 4
 Q8_0, Q4_0, Q4_1, INT8, F32W = 0, 1, 2, 3, 4
 #: GGUF K-quants (native/src/blocks.h), with int8 activations repacked as float-scaled x8 blocks
 Q4_K, Q5_K, Q6_K = 5, 6, 7
