@@ -10,7 +10,9 @@ dequantized) fed the engine's tokens: tokens equal to transformers' argmax until
 difference, and the logprob the engine gives its token against transformers' log-softmax
 (max and mean |difference| over every step of every prompt). Then the batched workload
 (32 x (128 + 128), ``core bench throughput``'s) in tok/s, the dtypes alternating for
-``--rounds`` rounds (the machine's speed drifts). Not for CI.
+``--rounds`` rounds (the machine's speed drifts), against the float32 compute ceiling of
+``bench/cpu_vs_baselines.py`` (the workload's FLOPs at torch's float32 matmul rate, the
+faster of a measure before and after). Not for CI.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from floors import machine_info  # noqa: E402
+import floors  # noqa: E402
 from results import md_table, write_section  # noqa: E402
 
 SECTION = "kv-cache-dtypes"
@@ -71,7 +73,10 @@ def fidelity(llm, hf_model, prompts: list[list[int]], steps: int) -> dict:
     }
 
 
-def throughput(llm, num_prompts: int = 32, length: int = 128) -> float:
+NUM_PROMPTS, LENGTH = 32, 128
+
+
+def throughput(llm, num_prompts: int = NUM_PROMPTS, length: int = LENGTH) -> float:
     """Output tok/s of ``num_prompts`` random prompts of ``length`` tokens, ``length`` out."""
     from core.bench.stats import random_prompts
     from core.sampling_params import SamplingParams
@@ -84,16 +89,17 @@ def throughput(llm, num_prompts: int = 32, length: int = 128) -> float:
     return num_prompts * length / (time.perf_counter() - start)
 
 
-def render(rows: dict, steps: int, command: str, load: tuple[float, float]) -> str:
-    machine = machine_info()
+def render(rows: dict, steps: int, ceiling: tuple[float, float], command: str, load: tuple[float, float]) -> str:
+    machine = floors.machine_info()
+    rate, ceiling_tok_s = ceiling
     table = md_table(
         ["`--kv-cache-dtype`", "cache", "greedy equal", "first differences (prompt@step)",
-         "logprob error max / mean", "32x(128+128) tok/s (rounds)", "vs auto"],
+         "logprob error max / mean", "32x(128+128) tok/s (rounds)", "vs auto", "x ceiling"],
         [
             [f"`{dtype}`", r["resolved"], r["equal"], r["first_differences"],
              f"{r['max_logprob_error']:.4f} / {r['mean_logprob_error']:.5f}",
              " / ".join(f"{x:.0f}" for x in r["tok_s"]),
-             f"{max(r['tok_s']) / max(rows['auto']['tok_s']):.2f}x"]
+             f"{max(r['tok_s']) / max(rows['auto']['tok_s']):.2f}x", f"{max(r['tok_s']) / ceiling_tok_s:.2f}x"]
             for dtype, r in rows.items()
         ],
     )  # fmt: skip
@@ -101,6 +107,8 @@ def render(rows: dict, steps: int, command: str, load: tuple[float, float]) -> s
         f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); {machine['cpu']} "
         f"({machine['logical_cpus']} CPUs; {machine['flags']}), load average {load[0]:.1f} at the start, "
         f"{load[1]:.1f} at the end. Default model (GGUF Q4_1), float32 compute, native cpu_x86 kernels. "
+        f"Compute ceiling of the batched workload: {ceiling_tok_s:.1f} tok/s (float32 matmul {rate / 1e9:.1f} "
+        "GFLOP/s, the better of the measures at the start and the end). "
         f"Fidelity: {len(TEXTS)} chat prompts x {steps} greedy tokens against transformers in float32 on the "
         "GGUF's weights, fed our tokens; batched: 32 random 128-token prompts, 128 generated, no prefix "
         "caching, the dtypes alternating round by round (vs auto: best round against best round).\n\n" + table + "\n"
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="'' to leave it alone")
     args = p.parse_args(argv)
     load_start = os.getloadavg()[0]
+    rate_start = floors.matmul_rate(2)
 
     import engine_part
     import hf_baseline
@@ -141,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             rows[dtype]["tok_s"].append(throughput(llm))
             del llm
             gc.collect()
+    rate = max(rate_start, floors.matmul_rate(2))
+    flops = floors.workload_flops(floors.read_gguf_shape(default_model_path()), NUM_PROMPTS, LENGTH, LENGTH)
     command = shlex.join(["python", "bench/kv_cache_dtypes.py", *argv])
-    text = render(rows, args.steps, command, (load_start, os.getloadavg()[0]))
+    ceiling = (rate, NUM_PROMPTS * LENGTH / (flops / rate))
+    text = render(rows, args.steps, ceiling, command, (load_start, os.getloadavg()[0]))
     print(text)
     if args.results:
         write_section(args.results, SECTION, text)
