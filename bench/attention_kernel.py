@@ -2,7 +2,8 @@
 
     python bench/attention_kernel.py [--threads 1] [--isa auto]
 
-9 query / 3 KV heads of 64 (SmolLM2-135M), caches (float32 unless `--cache-dtype`) in shuffled blocks of 16:
+9 query / 3 KV heads of 64 (SmolLM2-135M), caches (float32 unless `--cache-dtype`: float16, bfloat16,
+float8_e5m2) in shuffled blocks of 16:
 32 decode rows at context 192 and 64, one decode row at 1024, one 128- and one 512-token
 prompt. Each case is checked against a torch softmax attention first (max abs error
 printed), then timed (best of 20 calls, warm caches), with the FLOP rate
@@ -18,8 +19,8 @@ import time
 
 import torch
 from plugin_cpu_x86.platform import ISA_TABLE
-from plugins.cpu_native.kernels import FP8_CODES, NativeCpuKernels
-from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32
+from plugins.cpu_native.kernels import NativeCpuKernels, cache_code
+from plugins.cpu_native.library import DTYPE_F32
 
 HQ, HK, D, BLOCK = 9, 3, 64, 16
 CASES = ((32, 1, 192), (32, 1, 64), (1, 1, 1024), (1, 128, 128), (1, 512, 512))  # seqs, query tokens, context
@@ -41,10 +42,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--isa", default="auto", help="CPU_KERNEL_ISA")
     p.add_argument("--layers", type=int, default=1, help="caches the calls rotate through")
-    p.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16", "float8_e5m2"))
+    p.add_argument("--cache-dtype", default="float32", choices=("float32", "float16", "bfloat16", "float8_e5m2"))
     args = p.parse_args()
     cache_dtype = getattr(torch, args.cache_dtype)
-    cache_code = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16, **FP8_CODES}[cache_dtype]
+    code = cache_code(torch.float32, cache_dtype)
     kernels = NativeCpuKernels(ISA_TABLE, args.isa, num_threads=args.threads)
     torch.manual_seed(0)
     print(f"kernels {kernels.isa}, {args.threads} thread(s), {args.layers} layer(s), {args.cache_dtype} caches")
@@ -60,7 +61,7 @@ def main() -> int:
         out = torch.empty_like(q)
         calls = [
             (
-                DTYPE_F32, cache_code, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
+                DTYPE_F32, code, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
                 1.0, 1.0, starts.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), blocks, num_seqs * q_len,
                 num_seqs, HQ, HK, D, BLOCK, D**-0.5, 0, args.threads,
             )
