@@ -76,17 +76,11 @@ def fidelity(llm, hf_model, prompts: list[list[int]], steps: int) -> dict:
 NUM_PROMPTS, LENGTH = 32, 128
 
 
-def throughput(llm, num_prompts: int = NUM_PROMPTS, length: int = LENGTH) -> float:
-    """Output tok/s of ``num_prompts`` random prompts of ``length`` tokens, ``length`` out."""
-    from core.bench.stats import random_prompts
-    from core.sampling_params import SamplingParams
+def throughput(llm) -> float:
+    """Output tok/s of the batched workload, as ``core bench throughput`` runs it."""
+    from core.bench.throughput import run_throughput
 
-    vocab = llm.engine.loaded.hf_config.vocab_size
-    prompts = random_prompts(num_prompts, length, vocab, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
-    start = time.perf_counter()
-    llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    return num_prompts * length / (time.perf_counter() - start)
+    return run_throughput(llm, NUM_PROMPTS, LENGTH, LENGTH).output_tok_s
 
 
 def render(rows: dict, steps: int, ceiling: tuple[float, float], command: str, load: tuple[float, float]) -> str:
