@@ -1,6 +1,6 @@
 """KV caches of another dtype than the compute one in the native kernels (one-byte caches,
-a bfloat16 cache under float32): bytes equal to torch's casts, and attention over them
-equal to the torch reference reading the same bytes."""
+bfloat16 and float16 caches under float32): bytes equal to torch's casts, and attention over
+them equal to the torch reference reading the same bytes."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def _attention_case(gen, query_lens, seq_lens):
     "query_lens,seq_lens,hq,hk,d", [([1, 1], [17, 40], 9, 3, 64), ([5, 1, 12], [5, 33, 20], 8, 2, 40)]
 )
 def test_attention_reads_fp8_cache(kernels, ref, gen, close, cache_dtype, dtype, query_lens, seq_lens, hq, hk, d):
-    meta, bs = _attention_case(gen, query_lens, seq_lens), BLOCK
-    raw = torch.randint(0, 256, (2, 8, bs, hk, d), generator=gen, dtype=torch.uint8).view(cache_dtype).float()
+    meta = _attention_case(gen, query_lens, seq_lens)
+    raw = torch.randint(0, 256, (2, 8, BLOCK, hk, d), generator=gen, dtype=torch.uint8).view(cache_dtype).float()
     # random bytes of every class but NaN (never stored), within +-8: exp() of the scores stays informative
     raw = raw.nan_to_num(0.0).clamp(-8, 8).to(cache_dtype)
     k_cache, v_cache = raw[0].contiguous(), raw[1].contiguous()
