@@ -168,7 +168,7 @@ def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator |
             rows = torch.tensor(unseeded, device=probs.device)
             noise[rows] = torch.empty_like(probs[rows]).uniform_()
     noise.log_().neg_()
-    return (probs / noise).max(dim=-1).indices
+    return first_argmax(probs / noise)
 
 
 def apply_logit_bias(logits: torch.Tensor, states: Sequence[SamplingState]) -> None:
