@@ -399,12 +399,16 @@ long CK_FN(attention_max_group)(void) { return kMaxGroup; }
 // query_start_loc [num_seqs + 1], seq_lens [num_seqs], tables [num_seqs, table_stride]
 // (all int32); window > 0: a sliding-window layer's window (each query sees its last
 // `window` positions), 0: the whole context. Blocks before a query's window are not read.
-void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
-                              const void *k_cache, const void *v_cache, float k_scale,
-                              float v_scale, const int32_t *starts, const int32_t *seq_lens,
-                              const int32_t *tables, long table_stride, long tokens,
-                              long num_seqs, long hq, long hk, long d, long block_size,
-                              float scale, long window, int nthreads) {
+// Returns 0, or -1 (nothing read or written) for a (dtype, cache_dtype) pair not listed above.
+int CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
+                             const void *k_cache, const void *v_cache, float k_scale,
+                             float v_scale, const int32_t *starts, const int32_t *seq_lens,
+                             const int32_t *tables, long table_stride, long tokens,
+                             long num_seqs, long hq, long hk, long d, long block_size,
+                             float scale, long window, int nthreads) {
+  if (dtype != CK_F32 && dtype != CK_BF16) return -1;
+  if (!is_fp8(cache_dtype) && cache_dtype != dtype && !(dtype == CK_F32 && (cache_dtype == CK_BF16 || cache_dtype == CK_F16)))
+    return -1;
   if (is_fp8(cache_dtype)) {
     float lut[256];
     for (int b = 0; b < 256; ++b) lut[b] = fp8_to_f32((uint8_t)b, cache_dtype);
@@ -438,6 +442,7 @@ void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q
                            tokens, num_seqs, hq, hk, d, block_size, scale, window, NULL, cache_dtype, 1.0f, 1.0f,
                            nthreads);
   }
+  return 0;
 }
 
 // Rows t of k and v (dtype; row t at t * k_stride / v_stride elements, row = kv_heads *

@@ -58,7 +58,7 @@ extern "C" {
 
 // Runs the decoder on step->tokens tokens; writes step->out. Returns 0, -1 when a
 // buffer could not be allocated, -2 for a token id outside the vocabulary, -3 for a
-// slot outside the KV cache.
+// slot outside the KV cache, -4 for a cache dtype paged_attention does not read under dtype.
 int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   const long t = s->tokens, h = m->hidden, d = m->head_dim;
   const long q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_size = q_size + 2 * kv_size;
@@ -104,9 +104,12 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
       status = -3;
       break;
     }
-    CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,
-                             s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
-                             m->heads, m->kv_heads, d, m->block_size, m->scale, m->window, nt);
+    if (CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,
+                               s->starts, s->seq_lens, s->tables, s->table_stride, t, s->num_seqs,
+                               m->heads, m->kv_heads, d, m->block_size, m->scale, m->window, nt)) {
+      status = -4;
+      break;
+    }
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);

@@ -21,12 +21,12 @@ long CK_FN(write_kv_cache_cast)(int dtype, int cache_dtype, const void *k, long 
                                   const void *v, long v_stride, void *k_cache, void *v_cache,
                                   const int64_t *slots, long tokens, long row, long num_slots,
                                   float k_scale, float v_scale);
-void CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
-                              const void *k_cache, const void *v_cache, float k_scale,
-                              float v_scale, const int32_t *starts, const int32_t *seq_lens,
-                              const int32_t *tables, long table_stride, long tokens,
-                              long num_seqs, long hq, long hk, long d, long block_size,
-                              float scale, long window, int nthreads);
+int CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q, long q_stride,
+                             const void *k_cache, const void *v_cache, float k_scale,
+                             float v_scale, const int32_t *starts, const int32_t *seq_lens,
+                             const int32_t *tables, long table_stride, long tokens,
+                             long num_seqs, long hq, long hk, long d, long block_size,
+                             float scale, long window, int nthreads);
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads);

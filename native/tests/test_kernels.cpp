@@ -33,7 +33,7 @@ typedef void (*Rotary)(int, int, void *, const void *, long, long, long, const i
 typedef void (*SiluMul)(int, void *, const void *, long, long, long, int);
 typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, const int64_t *,
                         long, long, long);
-typedef void (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
+typedef int (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
                           float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
                           long, long, long, long, float, long, int);
 typedef long (*WriteKvCast)(int, int, const void *, long, const void *, long, void *, void *,
@@ -384,8 +384,14 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
       }
   const std::vector<double> ref = reference(kvd);
   std::vector<uint8_t> out(tokens * hq * d * es);
-  s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(), vc.data(), k_scale,
-                                     v_scale, starts, seq_lens, &tables[0][0], 3, tokens, 2, hq, hk, d, bs, scale, window, 2);
+  const int status = s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(),
+                                                        vc.data(), k_scale, v_scale, starts, seq_lens, &tables[0][0], 3,
+                                                        tokens, 2, hq, hk, d, bs, scale, window, 2);
+  if (status) {
+    ++s.run;
+    printf("FAIL paged_attention d=%ld dtype %d cache %d [%s]: returned %d\n", d, dtype, cache, s.isa.c_str(), status);
+    return;
+  }
   const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
                            (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache"
                             : cast ? (cache == F16 ? " f16 cache" : " bf16 cache") : "") +
@@ -671,6 +677,28 @@ int test_pool(void *lib) {
   return bad ? 1 : 0;
 }
 
+// a (compute, cache) dtype pair paged_attention does not read: -1, the output untouched
+void test_attention_unread_pairs(Suite &s) {
+  const long d = 64, hq = 2, hk = 1, bs = 4;
+  const int32_t starts[2] = {0, 1}, seq_lens[1] = {1}, table[1] = {0};
+  std::vector<uint8_t> q(hq * d * 4), kc(bs * hk * d * 4), vc(kc.size());
+  const int pairs[][2] = {{BF16, F16}, {BF16, F32}, {F32, 7}, {F16, F16}, {7, F32}};
+  for (const auto &pair : pairs) {
+    std::vector<uint8_t> out(hq * d * 4, 0xAB);
+    const int status = s.fn<Attention>("paged_attention")(pair[0], pair[1], out.data(), q.data(), hq * d, kc.data(),
+                                                          vc.data(), 1.0f, 1.0f, starts, seq_lens, table, 1, 1, 1, hq,
+                                                          hk, d, bs, 0.125f, 0, 2);
+    bool untouched = true;
+    for (uint8_t b : out) untouched = untouched && b == 0xAB;
+    ++s.run;
+    if (status == -1 && untouched)
+      ++s.passed;
+    else
+      printf("FAIL paged_attention dtype %d cache %d [%s]: returned %d%s\n", pair[0], pair[1], s.isa.c_str(), status,
+             untouched ? "" : ", wrote its output");
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s <kernel library .so>\n", argv[0]);
@@ -710,6 +738,7 @@ int main(int argc, char **argv) {
       for (int cache : {BF16, F16}) test_attention(s, d, F32, cache);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
+    test_attention_unread_pairs(s);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kFloatAct);
     for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K})

@@ -219,9 +219,11 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         ):  # fmt: skip
             return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
         out = _empty(q, (tokens, hq, d))
-        self.lib.paged_attention(
+        unread = self.lib.paged_attention(
             dt, cache_dt, out.data_ptr(), q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_scale,
             v_scale, meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
             tokens, len(meta.seq_lens_host), hq, hk, d, k_cache.shape[1], scale, sliding_window or 0, self.num_threads,
         )  # fmt: skip
+        if unread:  # cache_code() names only the pairs the kernel reads
+            raise ValueError(f"the native paged_attention does not read a {k_cache.dtype} cache under {q.dtype}")
         return out

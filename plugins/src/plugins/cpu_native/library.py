@@ -81,9 +81,9 @@ _SIGNATURES = {
     ),
     # dtype, cache_dtype, out, q, q_stride, k_cache, v_cache, k_scale, v_scale, starts,
     # seq_lens, tables, table_stride, tokens, num_seqs, hq, hk, d, block_size, scale,
-    # window (0: none), nthreads
+    # window (0: none), nthreads; returns -1 for a (dtype, cache_dtype) pair it does not read
     "paged_attention": (
-        None,
+        c_int,
         [
             c_int,
             c_int,

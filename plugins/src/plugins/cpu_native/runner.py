@@ -181,6 +181,8 @@ class FusedDecoder:
             raise IndexError(f"token id outside the vocabulary of {self._decoder.vocab}")
         if status == -3:
             raise IndexError(f"slot_mapping has a slot >= the cache's {self._decoder.num_slots} slots")
+        if status == -4:
+            raise ValueError(f"the native decoder does not read cache dtype code {self._decoder.cache_dtype}")
         if status:
             raise MemoryError("the native decoder could not allocate its activation buffers")
         return out
