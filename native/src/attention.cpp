@@ -406,9 +406,8 @@ int CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q,
                              const int32_t *tables, long table_stride, long tokens,
                              long num_seqs, long hq, long hk, long d, long block_size,
                              float scale, long window, int nthreads) {
-  if (dtype != CK_F32 && dtype != CK_BF16) return -1;
-  if (!is_fp8(cache_dtype) && cache_dtype != dtype && !(dtype == CK_F32 && (cache_dtype == CK_BF16 || cache_dtype == CK_F16)))
-    return -1;
+  const bool widened = dtype == CK_F32 && (cache_dtype == CK_BF16 || cache_dtype == CK_F16);
+  if ((dtype != CK_F32 && dtype != CK_BF16) || !(is_fp8(cache_dtype) || cache_dtype == dtype || widened)) return -1;
   if (is_fp8(cache_dtype)) {
     float lut[256];
     for (int b = 0; b < 256; ++b) lut[b] = fp8_to_f32((uint8_t)b, cache_dtype);

@@ -34,8 +34,8 @@ typedef void (*SiluMul)(int, void *, const void *, long, long, long, int);
 typedef long (*WriteKv)(const void *, long, const void *, long, void *, void *, const int64_t *,
                         long, long, long);
 typedef int (*Attention)(int, int, void *, const void *, long, const void *, const void *, float,
-                          float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
-                          long, long, long, long, float, long, int);
+                         float, const int32_t *, const int32_t *, const int32_t *, long, long, long,
+                         long, long, long, long, float, long, int);
 typedef long (*WriteKvCast)(int, int, const void *, long, const void *, long, void *, void *,
                            const int64_t *, long, long, long, float, float);
 enum { FP8_E4M3 = 2, FP8_E5M2 = 3 };  // cache dtype codes of native/src/fp8.h
