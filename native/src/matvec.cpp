@@ -451,6 +451,18 @@ static inline void amx_products(const uint16_t *ahi, const uint16_t *alo, long s
   _tile_dpbf16ps(1, 2, 7);
 }
 
+// bfloat16 compute (T = bf16_t): the activations are bfloat16 values, so their lo halves are 0,
+// and the weights are rounded to bfloat16 once decoded (as a bfloat16 checkpoint's are): one
+// product, hi . hi, where float32 takes three. C0 += A B0 and C1 += A B1 from A's hi tile and
+// b's B0 hi and B1 hi tiles (the layout of amx_products)
+static inline void amx_products_hi(const uint16_t *ahi, long stride, const uint16_t *b) {
+  _tile_loadd(2, ahi, stride);
+  _tile_loadd(4, b, 64);
+  _tile_loadd(6, b + 1024, 64);
+  _tile_dpbf16ps(0, 2, 4);
+  _tile_dpbf16ps(1, 2, 6);
+}
+
 // out[t, q] = c[t, q] * scale[q] + bias[q] for t < rows, q < rw (c: rows of 32 floats; out:
 // rows n apart). Full float32 rows of 32 on a cache line go out as streaming stores: they are
 // not read again in this product, and as ordinary stores (a 448-row block's outputs are 2.7
@@ -469,6 +481,17 @@ static inline void amx_store_out(const float *c, const float *scale, const float
       }
       return;
     }
+  if constexpr (std::is_same<T, bf16_t>::value) {  // a row's 32 outputs rounded at once
+    const __m512 s0 = _mm512_loadu_ps(scale), s1 = _mm512_loadu_ps(scale + 16);
+    const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
+    const __mmask32 valid = (__mmask32)(rw == 32 ? 0xffffffffu : (1u << rw) - 1);
+    for (long t = 0; t < rows; ++t) {
+      const __m512 v0 = _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t), s0, b0);
+      const __m512 v1 = _mm512_fmadd_ps(_mm512_load_ps(c + 32 * t + 16), s1, b1);
+      _mm512_mask_storeu_epi16(out + t * n, valid, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+    }
+    return;
+  }
   for (long t = 0; t < rows; ++t)
     for (long q = 0; q < rw; ++q) from_f32(c[t * 32 + q] * scale[q] + bias[q], &out[t * n + q]);
 }
@@ -509,7 +532,7 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
         dequant_rows<QT>(w, rb, nb, j, rw, wp);
       memset(wp + rw * k, 0, (32 - rw) * k * sizeof(float));
       amx_pack_columns(wp, k, 32, 0, k / 32, bp);
-      float scale[32], bj[32];
+      float scale[32] = {}, bj[32] = {};  // zeros past rw (the vector stores mask them out)
       row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
       // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
       // rows, the sums parked in c between: one B tile load per TDPBF16PS from L2 is slower
@@ -529,7 +552,10 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
                 _mm_prefetch((const char *)(a + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
                 _mm_prefetch((const char *)(alo + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
               }
-            amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
+            if constexpr (std::is_same<T, bf16_t>::value)
+              amx_products_hi(a + r0 * k + 32 * s, k * 2, bp + s * 2048);
+            else
+              amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
           }
           _tile_stored(0, c + r0 * 32, 128);
           _tile_stored(1, c + r0 * 32 + 16, 128);
@@ -573,6 +599,10 @@ static inline void amx_store_row(uint16_t *a, long r, const __m512 v[2], bool va
   if (valid) split32(v[0], v[1], &hi, &lo);
   _mm512_store_si512(a + 32 * r, hi);
   _mm512_store_si512(a + 512 + 32 * r, lo);
+}
+// the hi half only (bfloat16 compute: the weights rounded to nearest even)
+static inline void amx_store_row_hi(uint16_t *a, long r, const __m512 v[2], bool valid) {
+  _mm512_store_si512(a + 32 * r, valid ? (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]) : _mm512_setzero_si512());
 }
 
 // x8 formats whose 8 rows of a block amx_x8_rows decodes at once
@@ -633,6 +663,7 @@ static inline void amx_x8_rows(const uint8_t *w, long nb, long g, long b, __m512
 template <int QT, typename T>
 static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
                         long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
+  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, steps = k / 32;
   const long passes = (rows + 31) / 32, groups = (n + 15) / 16;
   uint16_t *xb = (uint16_t *)aligned_alloc(64, passes * steps * 2048 * sizeof(uint16_t));
@@ -656,7 +687,7 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
     amx_configure();
     for (long g = lo_g; g < hi_g; ++g) {
       const long j = 16 * g, rw = n - j < 16 ? n - j : 16;
-      float scale[16], bj[16];
+      float scale[16] = {}, bj[16] = {};  // zeros past rw (the vector stores mask them out)
       row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
       for (long p = 0; p < passes; ++p) {
         const long t0 = 32 * p, tn = rows - t0 < 32 ? rows - t0 : 32;
@@ -669,18 +700,31 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
               for (long h = 0; h < 2; ++h) {  // the 16 rows' two x8 groups
                 __m512 v[8][2];
                 if (8 * h < rw) amx_x8_rows<QT>(w, nb, j / 8 + h, s, v);
-                for (long i = 0; i < 8; ++i) amx_store_row(a, 8 * h + i, v[i], 8 * h + i < rw);
+                for (long i = 0; i < 8; ++i)
+                  if constexpr (kHiOnly)
+                    amx_store_row_hi(a, 8 * h + i, v[i], 8 * h + i < rw);
+                  else
+                    amx_store_row(a, 8 * h + i, v[i], 8 * h + i < rw);
               }
             } else {
               for (long r = 0; r < 16; ++r) {
                 __m512 v[2];
                 if (r < rw) amx_weight_block<QT>(w, rb, nb, j + r, s, v);
-                amx_store_row(a, r, v, r < rw);
+                if constexpr (kHiOnly)
+                  amx_store_row_hi(a, r, v, r < rw);
+                else
+                  amx_store_row(a, r, v, r < rw);
               }
             }
           }
           const uint16_t *b = xb + (p * steps + s) * 2048;
-          if (tn > 16) {
+          if (kHiOnly && tn > 16) {
+            amx_products_hi(a, 64, b);
+          } else if (kHiOnly) {
+            _tile_loadd(2, a, 64);
+            _tile_loadd(4, b, 64);
+            _tile_dpbf16ps(0, 2, 4);
+          } else if (tn > 16) {
             amx_products(a, a + 512, 64, b);
           } else {  // one B block: its two tiles only
             _tile_loadd(2, a, 64);
@@ -694,8 +738,23 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
         }
         _tile_stored(0, c[0], 64);
         _tile_stored(1, c[1], 64);
-        for (long t = 0; t < tn; ++t)
-          for (long q = 0; q < rw; ++q) from_f32(c[t / 16][q * 16 + t % 16] * scale[q] + bj[q], &out[(t0 + t) * n + j + q]);
+        if constexpr (kHiOnly) {  // 16 bfloat16 outputs a row: transposed, then one rounding and masked store
+          const __m512 sv = _mm512_loadu_ps(scale), bv = _mm512_loadu_ps(bj);
+          const __mmask16 valid = (__mmask16)((1u << rw) - 1);
+          for (long h = 0; 16 * h < tn; ++h) {
+            __m512i wrows[16], trows[16];  // C tile h: [weight row][activation row], transposed
+            for (int q = 0; q < 16; ++q) wrows[q] = _mm512_load_si512(c[h] + 16 * q);
+            transpose16(wrows, trows);
+            for (long u = 0; u < 16 && 16 * h + u < tn; ++u) {
+              const __m512 v = _mm512_fmadd_ps(_mm512_castsi512_ps(trows[u]), sv, bv);
+              _mm256_mask_storeu_epi16(&out[(t0 + 16 * h + u) * n + j], valid, (__m256i)_mm512_cvtneps_pbh(v));
+            }
+          }
+        } else {
+          for (long t = 0; t < tn; ++t)
+            for (long q = 0; q < rw; ++q)
+              from_f32(c[t / 16][q * 16 + t % 16] * scale[q] + bj[q], &out[(t0 + t) * n + j + q]);
+        }
       }
     }
     _tile_release();
