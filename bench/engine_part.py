@@ -6,8 +6,11 @@ import time
 from typing import Any
 
 
-def make_llm(model: str | None, quantization: str | None, prefix_caching: bool = True, kv_cache_dtype: str = "auto"):
-    """An offline engine on the CPU in float32.
+def make_llm(
+    model: str | None, quantization: str | None, prefix_caching: bool = True, kv_cache_dtype: str = "auto",
+    dtype: str = "float32",
+):  # fmt: skip
+    """An offline engine on the CPU in ``dtype`` (float32 unless asked).
 
     ``quantization``: None or ``"gguf"`` (GGUF blocks kept as they are), ``"int8"``, or
     ``"fp32"``: the same weights dequantized into a float32 checkpoint (see ``hf_baseline``).
@@ -23,7 +26,7 @@ def make_llm(model: str | None, quantization: str | None, prefix_caching: bool =
         model, quantization = str(hf_baseline.float32_checkpoint(str(resolve_model(model)), cache_dir())), None
     # offline nobody waits on a step: the big budget, as `core bench throughput` and llama-batched-bench (-b 2048)
     return LLM(
-        model, device="auto", dtype="float32", quantization=quantization, enable_prefix_caching=prefix_caching,
+        model, device="auto", dtype=dtype, quantization=quantization, enable_prefix_caching=prefix_caching,
         max_num_batched_tokens=2048, kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
 

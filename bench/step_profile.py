@@ -27,14 +27,17 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1, help="requests decoded together")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--kv-cache-dtype", default="auto", help="--kv-cache-dtype (auto: float32)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="--kv-cache-dtype (auto: the compute dtype)")
+    p.add_argument("--dtype", default="float32", help="compute dtype (float32, bfloat16)")
     args = p.parse_args()
 
     import engine_part
     from core.bench.stats import random_prompts
     from core.sampling_params import SamplingParams
 
-    engine = engine_part.make_llm(args.model, "gguf", prefix_caching=False, kv_cache_dtype=args.kv_cache_dtype).engine
+    engine = engine_part.make_llm(
+        args.model, "gguf", prefix_caching=False, kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype
+    ).engine
     runner = engine.executor.runner.platform.runner
     spent = {"forward": 0.0, "logits": 0.0}
 
@@ -59,7 +62,7 @@ def main() -> int:
     runner.forward, runner.compute_logits = timed("forward", runner.forward), timed("logits", runner.compute_logits)
     print(
         f"{args.model or 'default model'}, kernels {engine.platform.kernels.isa}, batch {args.batch}, "
-        f"{engine.config.kv_cache_dtype} K/V cache"
+        f"{engine.config.dtype} compute, {engine.config.kv_cache_dtype} K/V cache"
     )
     vocab = engine.loaded.hf_config.vocab_size
     for rnd in range(args.rounds):
