@@ -103,7 +103,10 @@ def part_engine(a: argparse.Namespace) -> dict:
     q = _engine_quantization(a.quantization)
     vocab = json.loads(a.context)["vocab"]
     prompt = _decode_prompt(vocab, a.seed)
-    return engine_part.measure(a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed, a.prefill_len)
+    return engine_part.measure(
+        a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed, a.prefill_len,
+        dtype="bfloat16" if a.quantization.endswith(BF16) else "float32",
+    )  # fmt: skip
 
 
 def part_vllm(a: argparse.Namespace) -> dict:
@@ -145,11 +148,15 @@ def part_latency(a: argparse.Namespace) -> dict:
 #: suffix of an engine configuration that runs with int8 activations (cpu_x86's
 #: CORE_CPU_QUANT_ACTIVATIONS, the rounding llama.cpp applies): "gguf+i8act"
 I8ACT = "+i8act"
+#: suffix of an engine configuration that computes in bfloat16 (its K/V cache too), vLLM CPU's
+#: default dtype: "gguf+bf16"
+BF16 = "+bf16"
 
 
 def _engine_quantization(config: str) -> str | None:
-    """The engine's --quantization for an engine configuration name (none, gguf, int8, gguf+i8act)."""
-    q = config.removesuffix(I8ACT)
+    """The engine's --quantization for an engine configuration name (none, gguf, int8, gguf+i8act,
+    gguf+bf16)."""
+    q = config.removesuffix(I8ACT).removesuffix(BF16)
     return None if q == "none" else q
 
 
@@ -209,9 +216,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--engine-quant",
-        default="gguf,gguf+i8act,int8,fp32",
+        default="gguf,gguf+i8act,gguf+bf16,int8,fp32",
         help="engine configurations: gguf (= none for a GGUF file), int8, fp32 (the GGUF dequantized to a float32 "
-        "checkpoint); a +i8act suffix rounds activations to int8",
+        "checkpoint); a +i8act suffix rounds activations to int8, a +bf16 one computes in bfloat16",
     )
     p.add_argument("--vllm-dtype", default="float32,bfloat16", help="vLLM CPU configurations ('' to skip)")
     p.add_argument("--vllm-kv-cache", type=int, default=2, help="vLLM's VLLM_CPU_KVCACHE_SPACE, GiB")

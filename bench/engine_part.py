@@ -81,13 +81,14 @@ def measure(
     prompt_len: int,
     seed: int,
     prefill_len: int,
+    dtype: str = "float32",
 ) -> dict:
     """Batch-1 decode, ``num_seqs`` x (``prompt_len`` + ``n_gen``) throughput and one ``prefill_len``-token
-    prompt's prefill of one configuration."""
+    prompt's prefill of one configuration (computing in ``dtype``)."""
     from core.bench.stats import random_prompts
     from core.bench.throughput import run_throughput, vocab_of
 
-    llm = make_llm(model, quantization, prefix_caching=False)
+    llm = make_llm(model, quantization, prefix_caching=False, dtype=dtype)
     result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
     result["platform"] = llm.engine.platform.name
     result["weights_bytes"] = llm.engine.loaded.weights_bytes

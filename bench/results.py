@@ -249,6 +249,10 @@ def render_markdown(d: dict) -> str:
         "Its bandwidth floor is the float32 (or 16-bit) weights' bytes; \"vs vLLM\" divides by vLLM's best dtype "
         "for that figure.",
         f"`core serve`: a fresh server, {n} concurrent streaming `/v1/completions` requests, output tokens / wall time.",
+        "core configurations: gguf = the GGUF's blocks in float32 compute (the default, exact path); +i8act = "
+        "activations rounded to int8 (`CORE_CPU_QUANT_ACTIVATIONS=1`); +bf16 = bfloat16 compute and K/V cache "
+        "(`--dtype bfloat16`, vLLM CPU's default dtype); int8 = weights requantized per row; fp32 = the GGUF "
+        "dequantized to a float32 checkpoint.",
     ]
     return "\n\n".join([
         "# CPU benchmark: core vs llama.cpp vs transformers vs vLLM CPU",
