@@ -56,9 +56,10 @@ def act16_quant(x: torch.Tensor) -> torch.Tensor:
 
 def multiplied(kernels, prepared, x: torch.Tensor) -> torch.Tensor:
     """The activations the default path multiplies ``prepared`` with: int16-rounded on x8 weights
-    (builds without AVX-512: below 7 rows; from there the float32 panel kernel), else ``x``."""
+    (builds without AVX-512: below 7 rows, from there the float32 panel kernel; the AMX build: below
+    kAmxMinRows = 24 rows, native/src/blocks.h, from there the tile kernels), else ``x``."""
     if getattr(prepared, "act16", False):
-        if kernels.isa == "avx512amx":  # from kAmxMinRows (native/src/blocks.h) the tile kernels' float products
+        if kernels.isa == "avx512amx":
             return act16_quant(x) if x.shape[0] < 24 else x
         if x.shape[0] < 7 or kernels.isa.startswith("avx512"):
             return act16_quant(x)
