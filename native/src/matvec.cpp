@@ -500,17 +500,24 @@ template <int QT, typename T>
 static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
                     long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock;
+  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi, no lo rows
   const long padded = (rows + 15) / 16 * 16, steps = k / 32, groups = (n + 31) / 32;
-  uint16_t *a = (uint16_t *)aligned_alloc(64, 2 * padded * k * sizeof(uint16_t));  // hi rows, then lo rows
+  // hi rows, then (float32) lo rows
+  uint16_t *a = (uint16_t *)aligned_alloc(64, (kHiOnly ? 1 : 2) * padded * k * sizeof(uint16_t));
   if (!a) return -1;
   uint16_t *alo = a + padded * k;
   parallel_for(padded, 16, nthreads, true, [&](long r_lo, long r_hi) {
     for (long r = r_lo; r < r_hi; ++r)
       for (long s = 0; s < steps; ++s) {
         __m512i hi = _mm512_setzero_si512(), lo = hi;
-        if (r < rows) split32(x + r * xs + 32 * s, &hi, &lo);
+        const float *xr = x + r * xs + 32 * s;
+        if constexpr (kHiOnly) {  // bfloat16 values: exact
+          if (r < rows) hi = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + 16), _mm512_loadu_ps(xr));
+        } else {
+          if (r < rows) split32(xr, &hi, &lo);
+          _mm512_store_si512(alo + r * k + 32 * s, lo);
+        }
         _mm512_store_si512(a + r * k + 32 * s, hi);
-        _mm512_store_si512(alo + r * k + 32 * s, lo);
       }
   });
   int failed = 0;
@@ -550,9 +557,9 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
             if (r0 + 16 < padded)
               for (long i = 0; i < 16; ++i) {
                 _mm_prefetch((const char *)(a + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
-                _mm_prefetch((const char *)(alo + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
+                if constexpr (!kHiOnly) _mm_prefetch((const char *)(alo + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
               }
-            if constexpr (std::is_same<T, bf16_t>::value)
+            if constexpr (kHiOnly)
               amx_products_hi(a + r0 * k + 32 * s, k * 2, bp + s * 2048);
             else
               amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
