@@ -448,11 +448,14 @@ int CK_FN(paged_attention)(int dtype, int cache_dtype, void *out, const void *q,
 // head_dim values) stored into slot slots[t] of caches of another dtype, cache_dtype:
 // bfloat16 or float16 (rounded to nearest even, from float32) or a one-byte code of fp8.h
 // holding x / k_scale, x / v_scale. Negative slots are padding and skipped. Returns the
-// number of slots >= num_slots (not written).
+// number of slots >= num_slots (not written), or -1 (nothing written) for a dtype other than
+// CK_F32 and CK_BF16 or a cache_dtype not listed above.
 long CK_FN(write_kv_cache_cast)(int dtype, int cache_dtype, const void *k, long k_stride,
                                   const void *v, long v_stride, void *k_cache, void *v_cache,
                                   const int64_t *slots, long tokens, long row, long num_slots,
                                   float k_scale, float v_scale) {
+  if ((dtype != CK_F32 && dtype != CK_BF16) || !(cache_dtype == CK_BF16 || cache_dtype == CK_F16 || is_fp8(cache_dtype)))
+    return -1;
   long bad = 0;
   const long row_bytes = row * (cache_dtype == CK_BF16 || cache_dtype == CK_F16 ? 2 : 1);
   for (long t = 0; t < tokens; ++t) {

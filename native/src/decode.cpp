@@ -58,7 +58,8 @@ extern "C" {
 
 // Runs the decoder on step->tokens tokens; writes step->out. Returns 0, -1 when a
 // buffer could not be allocated, -2 for a token id outside the vocabulary, -3 for a
-// slot outside the KV cache, -4 for a cache dtype paged_attention does not read under dtype.
+// slot outside the KV cache, -4 for a cache dtype the cache writes or paged_attention do not
+// take under dtype.
 int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   const long t = s->tokens, h = m->hidden, d = m->head_dim;
   const long q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_size = q_size + 2 * kv_size;
@@ -101,7 +102,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
             : CK_FN(write_kv_cache)(b[K], kv_size * esize, v_in, qkv_size * esize, l.k_cache,
                                     l.v_cache, s->slots, t, kv_size * esize, m->num_slots);
     if (bad) {
-      status = -3;
+      status = bad < 0 ? -4 : -3;
       break;
     }
     if (CK_FN(paged_attention)(dt, m->cache_dtype, b[ATTN], b[Q], q_size, l.k_cache, l.v_cache, ks, vs,

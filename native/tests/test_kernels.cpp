@@ -699,6 +699,28 @@ void test_attention_unread_pairs(Suite &s) {
   }
 }
 
+// a (compute, cache) dtype pair write_kv_cache_cast does not cast (a cache of the compute
+// dtype float32, an unknown code, a float16 or unknown compute dtype): -1, the caches untouched
+void test_cache_cast_unwritten_pairs(Suite &s) {
+  const long row = 64;
+  std::vector<uint8_t> k(row * 4), v(k.size());
+  const int64_t slot = 0;
+  const int pairs[][2] = {{F32, F32}, {F32, 7}, {BF16, 5}, {F16, BF16}, {7, F16}};
+  for (const auto &pair : pairs) {
+    std::vector<uint8_t> kc(row * 4, 0xAB), vc(kc);
+    const long status = s.fn<WriteKvCast>("write_kv_cache_cast")(pair[0], pair[1], k.data(), row, v.data(), row,
+                                                                 kc.data(), vc.data(), &slot, 1, row, 1, 1.0f, 1.0f);
+    bool untouched = true;
+    for (size_t i = 0; i < kc.size(); ++i) untouched = untouched && kc[i] == 0xAB && vc[i] == 0xAB;
+    ++s.run;
+    if (status == -1 && untouched)
+      ++s.passed;
+    else
+      printf("FAIL write_kv_cache_cast dtype %d cache %d [%s]: returned %ld%s\n", pair[0], pair[1], s.isa.c_str(),
+             status, untouched ? "" : ", wrote the cache");
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s <kernel library .so>\n", argv[0]);
@@ -739,6 +761,7 @@ int main(int argc, char **argv) {
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     test_attention_unread_pairs(s);
+    test_cache_cast_unwritten_pairs(s);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {1L, 3L, 9L}) test_linear(s, qt, rows, kFloatAct);
     for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K})

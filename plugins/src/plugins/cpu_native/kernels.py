@@ -189,6 +189,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
             dt, CAST_CODES[k_cache.dtype], k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
             v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2], num_slots, *scales,
         )  # fmt: skip
+        if bad < 0:
+            raise ValueError(f"the native cache write does not cast {k.dtype} into a {k_cache.dtype} cache")
         if bad:
             raise IndexError(f"slot_mapping has {bad} slot(s) >= the cache's {num_slots} slots")
 
