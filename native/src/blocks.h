@@ -4,12 +4,8 @@
 // groups of 8 rows ("x8", quant.cpp: int8 activations).
 #pragma once
 
-#if defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "common.h"
+#include "amx.h"
 #include "fp8.h"
 
 // weight formats, shared with Python (plugins/src/plugins/cpu_native/library.py)
@@ -195,15 +191,6 @@ static const long kPanelMin = 7;
 // the one-thread crossover with the int16 x8 kernel on an Intel Xeon: 1536 x 576 and
 // 576 x 1536, Q4_1 and Q8_0, even at 24 rows, 1.3-1.6x at 32)
 static const long kAmxMinRows = 24;
-#if defined(__AMX_BF16__)
-// whether the tile registers may be used: Linux hands a process their state when asked (a
-// process that may not, e.g. under a seccomp filter, keeps the int16 x8 kernel: quant.cpp)
-static inline bool amx_ready() {
-  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                    18 /* XFEATURE_XTILEDATA */) == 0;
-  return ready;
-}
-#endif
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row
 // format QT (Q8_0, Q4_0, Q4_1, int8 as those formats store a block; a float-scaled code as its

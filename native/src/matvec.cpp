@@ -363,56 +363,6 @@ static const long kAmxBlockBytes = 1L << 20;  // activation tiles amx_gemm takes
 static const long kAmxWeightAhead = 1024;  // bytes of an x8 group's blocks amx_x8_rows prefetches ahead
 static const long kAmxSteps = 4;  // 32-value steps of k a pass over the rows takes (4 KB of B tiles each)
 
-// the calling thread's tiles: all eight 16 rows x 64 bytes (ldtilecfg reads the whole struct)
-static inline void amx_configure() {
-  struct alignas(64) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } cfg = {};
-  cfg.palette = 1;
-  for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-}
-
-// hi and lo bfloat16 halves of 32 floats (hi = x rounded to nearest even, lo = x - hi rounded:
-// x to ~2^-17), each as 32 16-bit lanes in order (AVX512-BF16's two-register conversion)
-static inline void split32(__m512 v0, __m512 v1, __m512i *hi, __m512i *lo) {
-  const __m512bh h = _mm512_cvtne2ps_pbh(v1, v0);
-  const __m512i hb = (__m512i)h;
-  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
-  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
-  *hi = hb;
-  *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
-}
-static inline void split32(const float *x, __m512i *hi, __m512i *lo) {
-  split32(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), hi, lo);
-}
-
-// out[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit values in 64 shuffles
-static inline void transpose16(const __m512i *r, __m512i *out) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i .. 4i + 3
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {  // the 4 x 4 lanes of u[c], u[4 + c], u[8 + c], u[12 + c] transposed
-    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
-    out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-    out[8 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
-    out[4 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-    out[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
-  }
-}
-
 // 32 rows of floats p [32, k] (rows stride apart, those from `valid` on read as zeros) as B
 // tiles: for each 32-value step s of k, column blocks c = 0, 1 (rows 16c ..), hi then lo, 16
 // rows (pairs of k) x 16 columns x 2 values (TDPBF16PS's pairs layout); 2048 values a step. A
@@ -430,6 +380,21 @@ static inline void amx_pack_columns(const float *p, long stride, long valid, lon
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
       transpose16(lo, rows);
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 512 + 32 * kk, rows[kk]);
+    }
+}
+
+// amx_pack_columns' hi tiles only (bfloat16 compute: the lo ones would be zeros nobody
+// multiplies), in its layout; rows of float32 (rounded) or of bfloat16 (as they are)
+template <typename S>
+static inline void amx_pack_columns_hi(const S *p, long stride, long valid, long s0, long s1, uint16_t *bp) {
+  for (long s = s0; s < s1; ++s)
+    for (int c = 0; c < 2; ++c) {
+      __m512i hi[16], rows[16];
+      for (int j = 0; j < 16; ++j)
+        hi[j] = 16 * c + j < valid ? bf16x32(p + (16 * c + j) * stride + 32 * s) : _mm512_setzero_si512();
+      uint16_t *tile = bp + s * 2048 + c * 1024;
+      transpose16(hi, rows);
+      for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
     }
 }
 
@@ -497,7 +462,7 @@ static inline void amx_store_out(const float *c, const float *scale, const float
 }
 
 template <int QT, typename T>
-static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+static int amx_gemm(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
                     long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock;
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi, no lo rows
@@ -510,9 +475,9 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
     for (long r = r_lo; r < r_hi; ++r)
       for (long s = 0; s < steps; ++s) {
         __m512i hi = _mm512_setzero_si512(), lo = hi;
-        const float *xr = x + r * xs + 32 * s;
-        if constexpr (kHiOnly) {  // bfloat16 values: exact
-          if (r < rows) hi = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + 16), _mm512_loadu_ps(xr));
+        const T *xr = x + r * xs + 32 * s;
+        if constexpr (kHiOnly) {  // bfloat16 rows: copied
+          if (r < rows) hi = bf16x32(xr);
         } else {
           if (r < rows) split32(xr, &hi, &lo);
           _mm512_store_si512(alo + r * k + 32 * s, lo);
@@ -538,7 +503,10 @@ static int amx_gemm(const uint8_t *w, const float *row_scale, const float *x, lo
       else
         dequant_rows<QT>(w, rb, nb, j, rw, wp);
       memset(wp + rw * k, 0, (32 - rw) * k * sizeof(float));
-      amx_pack_columns(wp, k, 32, 0, k / 32, bp);
+      if constexpr (kHiOnly)
+        amx_pack_columns_hi(wp, k, 32, 0, k / 32, bp);
+      else
+        amx_pack_columns(wp, k, 32, 0, k / 32, bp);
       float scale[32] = {}, bj[32] = {};  // zeros past rw (the vector stores mask them out)
       row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
       // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
@@ -668,7 +636,7 @@ static inline void amx_x8_rows(const uint8_t *w, long nb, long g, long b, __m512
 // with their two C tiles held over all of k. A task's 16 weight rows are decoded once (2 KB
 // a step, kept for the call's further 32-row passes).
 template <int QT, typename T>
-static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+static int amx_gemm_few(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
                         long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, steps = k / 32;
@@ -678,7 +646,10 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
   parallel_for(passes * steps, 8, nthreads, true, [&](long lo, long hi) {  // (pass, step) pairs
     for (long i = lo; i < hi; ++i) {
       const long p = i / steps, s = i % steps;
-      amx_pack_columns(x + 32 * p * xs, xs, rows - 32 * p, s, s + 1, xb + p * steps * 2048);
+      if constexpr (kHiOnly)
+        amx_pack_columns_hi(x + 32 * p * xs, xs, rows - 32 * p, s, s + 1, xb + p * steps * 2048);
+      else
+        amx_pack_columns(x + 32 * p * xs, xs, rows - 32 * p, s, s + 1, xb + p * steps * 2048);
     }
   });
   int failed = 0;
@@ -771,16 +742,17 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const float *x
   return failed ? -1 : 0;
 }
 
-// The tile kernels' entry: amx_gemm_few below kAmxManyRows rows, else amx_gemm over blocks of
-// rows whose activation tiles (4 bytes a value) stay in L2, as it reads them once for every 32
-// weight rows (two threads, Q4_1 at 2048 rows: 1536 x 576 12.4 -> 7.0 ms, 576 x 1536 15.1 ->
-// 9.1 ms; at 512 rows 576 x 1536 2.7 -> 2.2-2.3 ms); a last block of fewer than kAmxManyRows
-// rows is taken along. Returns -1 if a buffer could not be had.
+// The tile kernels' entry, on activations of the compute dtype T: amx_gemm_few below
+// kAmxManyRows rows, else amx_gemm over blocks of rows whose activation tiles (float32: hi + lo,
+// 4 bytes a value; bfloat16: hi, 2) stay in L2, as it reads them once for every 32 weight rows
+// (two threads, Q4_1 at 2048 rows: 1536 x 576 12.4 -> 7.0 ms, 576 x 1536 15.1 -> 9.1 ms; at 512
+// rows 576 x 1536 2.7 -> 2.2-2.3 ms); a last block of fewer than kAmxManyRows rows is taken
+// along. Returns -1 if a buffer could not be had.
 template <int QT, typename T>
-static int amx_matmul(const uint8_t *w, const float *row_scale, const float *x, long xs, long rows,
+static int amx_matmul(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
                       long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
   if (rows < kAmxManyRows) return amx_gemm_few<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
-  long block = (kAmxBlockBytes / (4 * k)) / 16 * 16;
+  long block = (kAmxBlockBytes / ((long)sizeof(T) * k)) / 16 * 16;
   block = block < kAmxManyRows ? kAmxManyRows : block;
   for (long r0 = 0; r0 < rows;) {
     const long r1 = rows - r0 < block + kAmxManyRows ? rows : r0 + block;
@@ -802,10 +774,6 @@ template <int QT, typename T>
 static int gemm_panel(const uint8_t *w, const float *row_scale, const float *x, long xs,
                       long rows, long n, long k, T *out, const void *bias, int bias_dt,
                       int nthreads) {
-#if defined(__AMX_BF16__)
-  if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
-    return amx_matmul<QT, T>(w, row_scale, x, xs, rows, n, k, out, bias, bias_dt, nthreads);
-#endif
   const long rb = row_bytes(row_format(QT), k), nb = k / kBlock, groups = (n + kPanelW - 1) / kPanelW;
   // activation rows a thread runs its weight rows over at a time: ~256 KB of x stays in L2
   long xblock = (256L << 10) / (k * (long)sizeof(float)) / kPanelX * kPanelX;
@@ -879,42 +847,68 @@ static void gemv_rows(const uint8_t *w, const float *row_scale, const float *x, 
   });
 }
 
-// float32-activation product in format QT: the panel kernel for many rows, else row_dot
+// float32-activation product in format QT: the panel kernel for many rows (x8 codes: always),
+// else row_dot
 template <int QT, typename T>
 static int matmul_float_act(const uint8_t *w, const float *rs, const float *x, long xs, long rows,
                             long n, long k, T *out, const void *bias, int bias_dt, int nt) {
 #if defined(CK_V8)
-  if (rows >= kPanelMin) return gemm_panel<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+  if (is_x8(QT) || rows >= kPanelMin) return gemm_panel<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
 #endif
-  gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+  if constexpr (!is_x8(QT)) gemv_rows<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
   return 0;
 }
 
+// The product on activations x of the compute dtype T: the tile kernels take them as they are
+// (AMX builds, from kAmxMinRows rows); the others take float32 ones, so bfloat16 rows are
+// widened into a copy first. Returns -1 if a buffer could not be had.
+template <int QT, typename T>
+static int matmul_act(const uint8_t *w, const float *rs, const T *x, long xs, long rows, long n,
+                      long k, T *out, const void *bias, int bias_dt, int nt) {
+#if defined(__AMX_BF16__)
+  if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
+    return amx_matmul<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+#endif
+  if constexpr (std::is_same<T, float>::value) {
+    return matmul_float_act<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+  } else {
+    float *xf = (float *)malloc(rows * k * sizeof(float));
+    if (!xf) return -1;
+    parallel_for(rows, 16, nt, rows * k >= (1L << 16), [&](long lo, long hi) {
+      for (long r = lo; r < hi; ++r)
+        for (long i = 0; i < k; ++i) xf[r * k + i] = to_f32(x[r * xs + i]);
+    });
+    const int status = matmul_float_act<QT, T>(w, rs, xf, k, rows, n, k, out, bias, bias_dt, nt);
+    free(xf);
+    return status;
+  }
+}
+
 template <typename T>
-static int gemv_typed(int qt, const uint8_t *w, const float *rs, const float *x, long xs,
+static int gemv_typed(int qt, const uint8_t *w, const float *rs, const T *x, long xs,
                       long rows, long n, long k, void *out, const void *bias, int bias_dt, int nt) {
   T *o = (T *)out;
   switch (qt) {
-    case CK_Q8_0: return matmul_float_act<CK_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_0: return matmul_float_act<CK_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_1: return matmul_float_act<CK_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_F32W: return matmul_float_act<CK_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_K: return matmul_float_act<CK_Q4_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_K: return matmul_float_act<CK_Q5_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q6_K: return matmul_float_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_0: return matmul_float_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_1: return matmul_float_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_E4M3W: return matmul_float_act<CK_E4M3W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-#if defined(CK_V8)  // x8 weights (CK_ACT16), from kPanelMin rows: the panel kernel only
-    case CK_Q8_0X8: return gemm_panel<CK_Q8_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_0X8: return gemm_panel<CK_Q4_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_1X8: return gemm_panel<CK_Q4_1X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_INT8X8: return gemm_panel<CK_INT8X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4FX8: return gemm_panel<CK_Q4FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_U8FX8: return gemm_panel<CK_U8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_S8FX8: return gemm_panel<CK_S8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q8_0: return matmul_act<CK_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_0: return matmul_act<CK_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_1: return matmul_act<CK_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_F32W: return matmul_act<CK_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_K: return matmul_act<CK_Q4_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_K: return matmul_act<CK_Q5_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q6_K: return matmul_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_0: return matmul_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q5_1: return matmul_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_E4M3W: return matmul_act<CK_E4M3W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+#if defined(CK_V8)  // x8 weights (CK_ACT16), from kPanelMin rows: the panel (or tile) kernel only
+    case CK_Q8_0X8: return matmul_act<CK_Q8_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_0X8: return matmul_act<CK_Q4_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4_1X8: return matmul_act<CK_Q4_1X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_INT8X8: return matmul_act<CK_INT8X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_Q4FX8: return matmul_act<CK_Q4FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_U8FX8: return matmul_act<CK_U8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    case CK_S8FX8: return matmul_act<CK_S8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
 #endif
-    default: return matmul_float_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    default: return matmul_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
 }
 
@@ -925,13 +919,15 @@ using namespace CK_NS;
 extern "C" {
 
 // out[rows, n] (dtype, contiguous) = x[rows, k] (dtype, row stride x_stride) @ W^T
-// (+ bias), float32 accumulation on float32 activations. W: n rows in format qt;
+// (+ bias), float32 accumulation (on float32 activations; bfloat16 ones the tile kernels take
+// as they are, the others widened). W: n rows in format qt;
 // row_scale: per-row scales for CK_INT8, else NULL. k must be a multiple of 32 (of 256
 // for the K-quants).
 // qt CK_F32W: W is a plain row-major float32 matrix.
 // qt an x8 code (CK_ACT16 calls from kPanelMin rows, SIMD builds only): W in the x8 layout
 // (quant.cpp).
-// Returns 0, or -1 if the float32 copy of bfloat16 activations could not be had.
+// Returns 0, or -1 if a buffer could not be had (a float32 copy of bfloat16 activations, a
+// kernel's scratch).
 int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n, long k,
                             int dtype, const void *x, long x_stride, long rows, void *out,
                             const void *bias, int bias_dtype, int nthreads) {
@@ -939,14 +935,8 @@ int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n,
   if (dtype == CK_F32)
     return gemv_typed<float>(qt, wb, row_scale, (const float *)x, x_stride, rows, n, k, out, bias,
                              bias_dtype, nthreads);
-  float *xf = (float *)malloc(rows * k * sizeof(float));  // widen bfloat16 rows once
-  if (!xf) return -1;
-  for (long r = 0; r < rows; ++r)
-    for (long i = 0; i < k; ++i) xf[r * k + i] = to_f32(((const bf16_t *)x)[r * x_stride + i]);
-  const int status = gemv_typed<bf16_t>(qt, wb, row_scale, xf, k, rows, n, k, out, bias,
-                                        bias_dtype, nthreads);
-  free(xf);
-  return status;
+  return gemv_typed<bf16_t>(qt, wb, row_scale, (const bf16_t *)x, x_stride, rows, n, k, out, bias,
+                            bias_dtype, nthreads);
 }
 
 }  // extern "C"

@@ -105,6 +105,21 @@ def test_gguf_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_f
     check_gguf_linear(multiplied, prepared, w_deq, gen, dtype, tokens)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [3, 40, 200])
+def test_gguf_linear_reads_activation_rows_apart(kernels, gen, dtype, tokens):
+    """Activation rows with a stride longer than a row (a column slice) give the contiguous rows'
+    product exactly: every kernel (the tile ones take bfloat16 rows as they are) reads row r at
+    ``x + r * stride``, nothing between."""
+    w = torch.randn(97, 96, generator=gen).numpy()
+    prepared = kernels.prepare_linear(gguf_weight("Q4_1", w), "gguf")
+    wide = (torch.randn(tokens, 96 + 32, generator=gen) * 2).to(dtype)
+    wide[:, 96:] = float("nan")  # read past a row's end: NaN in every output
+    x = wide[:, :96]
+    assert x.stride(0) == 128 and not x.is_contiguous()
+    assert torch.equal(kernels.linear(x, prepared, None), kernels.linear(x.contiguous(), prepared, None))
+
+
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
 
 
