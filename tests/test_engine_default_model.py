@@ -12,6 +12,21 @@ BASIC_PROMPTS = [
     "The future of AI is",
 ]
 
+#: prompts of 40-150 tokens: prefill kernels that take a prompt in tiles of tokens and keys (on
+#: cpu_x86 with AMX: 16 tokens x 32 keys) see several tiles, the last ones cut short
+LONG_PROMPTS = [
+    "Photosynthesis is the process by which green plants, algae and some bacteria turn light into "
+    "chemical energy. In the chloroplasts, chlorophyll absorbs mostly blue and red light, and the energy "
+    "splits water molecules, releasing oxygen. The plant then uses",
+    "The history of the printing press begins long before Gutenberg. Woodblock printing was used in China "
+    "by the ninth century, and movable type made of baked clay was invented there around 1040. Metal "
+    "movable type appeared in Korea in the thirteenth century, where the oldest surviving book printed "
+    "with it dates from 1377. In Europe, Johannes Gutenberg developed a press around 1440 that combined "
+    "movable metal type, oil-based ink and a screw press adapted from those used to make wine and olive "
+    "oil. His Bible, printed in Mainz, showed that books could be made quickly and cheaply, and within "
+    "fifty years presses were running in more than two hundred European cities. The consequences were",
+]
+
 
 @pytest.fixture(scope="module")
 def llm():
@@ -31,7 +46,8 @@ def test_basic_prompts_give_sensible_text(llm):
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
 
 
-def test_greedy_tokens_and_logprobs_match_transformers(llm):
+@pytest.mark.parametrize("prompts", [BASIC_PROMPTS, LONG_PROMPTS], ids=["short", "long"])
+def test_greedy_tokens_and_logprobs_match_transformers(llm, prompts):
     """The platform's default path on the file's blocks (on cpu_x86: int16 activations on its
     Q4_1/Q8_0 weights) against transformers on the same file dequantized to float32: the same
     greedy tokens, logprobs within 2e-3, batched (prompts of different lengths share steps)."""
@@ -43,7 +59,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(llm):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tokenizer = llm.get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
-    for out in llm.generate(BASIC_PROMPTS, params, use_tqdm=False):
+    for out in llm.generate(prompts, params, use_tqdm=False):
         ids = tokenizer(out.prompt).input_ids + out.outputs[0].token_ids
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0, len(out.prompt_token_ids) - 1 : -1]

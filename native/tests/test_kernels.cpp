@@ -281,7 +281,7 @@ void test_half_rounding(Suite &s) {
 }
 
 // Two sequences in one flattened batch (plugins/attention.py's layout): a prefill of
-// 5 new tokens onto 3 cached ones, and a decode step at length 37; the caches are written
+// `prompt` new tokens onto 3 cached ones (7 from 6 new ones), and a decode step at length 37; the caches are written
 // with write_kv_cache through shuffled block tables, then attended. A one-byte cache
 // (cache = FP8_*) is written with scales fp8_scale (K) and fp8_scale / 2.5 (V) and checked
 // against the unrounded values within the format's rounding (the Python tests compare its
@@ -289,14 +289,18 @@ void test_half_rounding(Suite &s) {
 // a large fp8_scale writes mostly subnormal codes. A bfloat16 or float16 cache under float32
 // (cache = BF16 / F16, dtype = F32) is checked likewise: against the values its rows hold as
 // closely as float32, and against the rows as given within the format's rounding.
-void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f) {
+// With prompt = 45 (and 7 cached), the prefill is one the AMX build attends on the tile unit
+// (attention.cpp: amx_prompts, from 16 tokens): 3 query tiles, the last of 13 tokens, over 52
+// keys (a last block of 20).
+void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f,
+                    long prompt = 5) {
   const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
   const bool cast = fp8 || (dtype == F32 && (cache == BF16 || cache == F16));
   if (!cast) cache = dtype;
-  const long hq = 4, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
-  const int32_t seq_lens[2] = {8, 37}, starts[3] = {0, 5, 6};
-  const int32_t tables[2][3] = {{5, 0, 0}, {2, 7, 4}};
-  const long tokens = 6, lens[2] = {8, 37};
+  const long hq = 6, hk = 2, group = hq / hk, bs = 16, blocks = 8, row = hk * d;
+  const long cached = prompt > 5 ? 7 : 3, tokens = prompt + 1, lens[2] = {cached + prompt, 37};
+  const int32_t seq_lens[2] = {(int32_t)lens[0], 37}, starts[3] = {0, (int32_t)prompt, (int32_t)tokens};
+  const int32_t tables[2][4] = {{5, 0, 3, 6}, {2, 7, 4, 1}};
   // the K/V rows of every position of both sequences, and their slots
   std::vector<float> kv[2];
   for (auto &v : kv) v = randn((lens[0] + lens[1]) * row);
@@ -333,7 +337,7 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
   auto reference = [&](const std::vector<double> (&rows)[2]) {
     std::vector<double> ref(tokens * hq * d);
     for (long t = 0; t < tokens; ++t) {
-      const int sq = t < 5 ? 0 : 1;
+      const int sq = t < prompt ? 0 : 1;
       const long q_len = starts[sq + 1] - starts[sq], base = sq == 0 ? 0 : lens[0];
       const long n_keys = lens[sq] - q_len + (t - starts[sq]) + 1;
       const long first = window > 0 && n_keys > window ? n_keys - window : 0;  // keys before it: hidden
@@ -385,14 +389,15 @@ void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0
   const std::vector<double> ref = reference(kvd);
   std::vector<uint8_t> out(tokens * hq * d * es);
   const int status = s.fn<Attention>("paged_attention")(dtype, cache, out.data(), qb.data(), hq * d, kc.data(),
-                                                        vc.data(), k_scale, v_scale, starts, seq_lens, &tables[0][0], 3,
+                                                        vc.data(), k_scale, v_scale, starts, seq_lens, &tables[0][0], 4,
                                                         tokens, 2, hq, hk, d, bs, scale, window, 2);
   if (status) {
     ++s.run;
     printf("FAIL paged_attention d=%ld dtype %d cache %d [%s]: returned %d\n", d, dtype, cache, s.isa.c_str(), status);
     return;
   }
-  const std::string name = "paged_attention prefill+decode d=" + std::to_string(d) + (dtype == F32 ? " f32" : " bf16") +
+  const std::string name = "paged_attention prefill " + std::to_string(prompt) + "+decode d=" + std::to_string(d) +
+                           (dtype == F32 ? " f32" : " bf16") +
                            (cache == FP8_E4M3 ? " e4m3 cache" : cache == FP8_E5M2 ? " e5m2 cache"
                             : cast ? (cache == F16 ? " f16 cache" : " bf16 cache") : "") +
                            (window ? " window " + std::to_string(window) : "") +
@@ -760,6 +765,10 @@ int main(int argc, char **argv) {
       for (int cache : {BF16, F16}) test_attention(s, d, F32, cache);
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
+    for (long d : {64L, 96L, 128L, 40L}) test_attention(s, d, F32, -1, 0, 0.05f, 45);  // prompts on AMX's tiles
+    test_attention(s, 64, BF16, -1, 0, 0.05f, 45);
+    for (int cache : {(int)BF16, (int)F16, (int)FP8_E4M3}) test_attention(s, 64, F32, cache, 0, 0.05f, 45);
+    test_attention(s, 64, F32, -1, 20, 0.05f, 45);
     test_attention_unread_pairs(s);
     test_cache_cast_unwritten_pairs(s);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
