@@ -6,7 +6,8 @@
 // sliding-window layer (window > 0). A bfloat16 or float16 cache under float32 queries is
 // read in place, widened as it is loaded (half the bytes of a float32 cache: decode reads
 // every cached row once a step); a one-byte cache (fp8.h) is decoded a chunk of rows at a
-// time into float rows, times the layer's K/V scale.
+// time into float rows, times the layer's K/V scale. AMX builds take prompts of kAmxPrompt or
+// more tokens on the tile unit instead (amx_prompts).
 #include <stdlib.h>
 
 #include <type_traits>
@@ -229,12 +230,13 @@ static const long kQueryTile = 4;
 
 #if defined(__AMX_BF16__)
 // Prompt attention on the tile unit (AMX builds). A sequence with kAmxPrompt or more query tokens
-// (no sliding window, d a multiple of 32) has its K/V rows packed once a kv head into the tiles'
-// operand layouts, then each 16 of its query tokens, one query head at a time, are the rows of
-// S = Q K^T over 32 keys at a time (two C tiles), of the online softmax (the vector code's, on
-// S's rows), and of O += P V (one C tile per 16 columns of d, four at a time). Float32 compute
-// splits Q, K, P and V into bfloat16 hi + lo and takes three products a multiply (matvec.cpp's
-// scheme: ~2^-17 of a product); bfloat16 compute takes hi . hi alone, P rounded to bfloat16.
+// (d a multiple of 32) has its K/V rows packed once a kv head into the tiles' operand layouts;
+// then each 16 of its query tokens, one query head at a time, are the columns of S^T = K Q^T over
+// 32 keys at a time (two C tiles: keys as rows), of the online softmax, lane by lane (a token's
+// maximum and sum are a lane's: no reduction across a vector), and of O^T += V^T P^T (one C tile
+// per 16 columns of d, four at a time), transposed back at the end. Float32 compute splits Q, K,
+// P and V into bfloat16 hi + lo and takes three products a multiply (matvec.cpp's scheme: ~2^-17
+// of a product); bfloat16 compute takes hi . hi alone, P rounded to bfloat16.
 static const long kAmxPrompt = 16;
 static const long kAmxPackMax = 256L << 20;  // bytes of packed K/V a call may take; more: the vector path
 
@@ -342,16 +344,19 @@ static inline void amx_tile_products(const uint16_t *a) {
 #undef CK_AMX_PRODUCTS
 
 // One work item: query tokens t0 .. t0 + rows - 1 (rows <= 16) of a sequence, the query heads
-// of kv head kvh, over its packed K (kp) and V (vp). Token r sees keys 0 .. first_visible + r - 1.
+// of kv head kvh, over its packed K (kp) and V (vp). Token r sees keys 0 .. first_visible + r - 1,
+// in a sliding-window layer (window > 0) the last `window` of them.
 // Transposed (keys and columns of d as rows, the 16 tokens as columns), the online softmax's
 // maxima and sums are lane-wise, with no reduction across a vector. The calling thread's tiles
 // are configured (amx_configure).
 template <typename T>
-static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long rows, long first_visible, long hq,
-                            long kvh, long group, long d, float scale, const uint16_t *kp, const uint16_t *vp) {
+static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long rows, long first_visible, long window,
+                            long hq, long kvh, long group, long d, float scale, const uint16_t *kp,
+                            const uint16_t *vp) {
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
   constexpr long parts = kHiOnly ? 1 : 2;
   const long steps = d / 32, cols = d / 16, n_keys = first_visible + rows - 1;
+  const long first_key = window > 0 && first_visible > window ? first_visible - window : 0;  // token 0's first
   const __mmask16 tokens = (__mmask16)((1u << rows) - 1);
   alignas(64) uint16_t qt[kMaxHead / 32 * 2 * 512], pt[2 * 512];
   alignas(64) float sc[32 * 16], ob[64 * 16], acc[kMaxHead * 16];  // [key or column][token]
@@ -379,7 +384,7 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
     }
     __m512 m = _mm512_set1_ps(-3.0e38f), l = _mm512_setzero_ps();
     for (long i = 0; i < d; ++i) _mm512_store_ps(acc + 16 * i, _mm512_setzero_ps());
-    for (long j0 = 0; j0 < n_keys; j0 += 32) {
+    for (long j0 = first_key / 32 * 32; j0 < n_keys; j0 += 32) {
       const long kb = j0 / 32;
       _tile_zero(0);
       _tile_zero(1);
@@ -391,12 +396,14 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
       }
       _tile_stored(0, sc, 64);
       _tile_stored(1, sc + 256, 64);
-      // key j0 + j is seen by tokens r >= j0 + j - first_visible + 1
+      // key j0 + j is seen by tokens r >= j0 + j - first_visible + 1 (a sliding window: and
+      // r <= j0 + j + window - first_visible)
       __mmask16 seen[32];
       __m512 mx = m;
       for (long j = 0; j < 32; ++j) {
-        const long from = j0 + j - first_visible + 1;
+        const long from = j0 + j - first_visible + 1, to = window > 0 ? j0 + j + window - first_visible : 15;
         seen[j] = from <= 0 ? tokens : from >= 16 ? 0 : (__mmask16)(tokens & (0xffffu << from));
+        if (to < 15) seen[j] = to < 0 ? 0 : (__mmask16)(seen[j] & (0xffffu >> (15 - to)));
         mx = _mm512_mask_max_ps(mx, seen[j], mx, _mm512_load_ps(sc + 16 * j));
       }
       const __m512 corr = exp16(_mm512_sub_ps(m, mx));
@@ -453,7 +460,7 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
 
 // The batch's sequences of kAmxPrompt or more query tokens attended on the tile unit (see
 // above): returns flags[num_seqs] of the sequences done (malloc'd), or NULL if none was (too
-// short, a sliding window, d not a multiple of 32, the tiles not allowed, no memory).
+// short, d not a multiple of 32, the tiles not allowed, no memory).
 template <typename T, typename C>
 static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C *vc, const int32_t *starts,
                          const int32_t *seq_lens, const int32_t *tables, long table_stride, long num_seqs, long hq,
@@ -462,7 +469,7 @@ static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C
   typedef typename RowOf<C>::type R;
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
   constexpr long parts = kHiOnly ? 1 : 2;
-  if (window > 0 || d % 32 || d > kMaxHead || !amx_ready()) return NULL;
+  if (d % 32 || d > kMaxHead || !amx_ready()) return NULL;
   struct Seq {
     long s, q_len, n_keys, blocks;  // blocks: of 32 keys
     uint16_t *kv;                   // per kv head: K's tiles, then V's (blocks * 32 * d * parts values each)
@@ -515,8 +522,8 @@ static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C
       const long tiles = (sq.q_len + 15) / 16, qt = tiles - 1 - rest / hk, kvh = rest % hk;  // the longest first
       const long r0 = 16 * qt, rows = sq.q_len - r0 < 16 ? sq.q_len - r0 : 16;
       const uint16_t *kp = sq.kv + kvh * 2 * sq.blocks * kv_values, *vp = kp + sq.blocks * kv_values;
-      amx_prompt_item<T>(out, q, q_stride, starts[sq.s] + r0, rows, sq.n_keys - sq.q_len + r0 + 1, hq, kvh, group, d,
-                         scale, kp, vp);
+      amx_prompt_item<T>(out, q, q_stride, starts[sq.s] + r0, rows, sq.n_keys - sq.q_len + r0 + 1, window, hq, kvh,
+                         group, d, scale, kp, vp);
     }
     _tile_release();
   });

@@ -768,7 +768,8 @@ int main(int argc, char **argv) {
     for (long d : {64L, 96L, 128L, 40L}) test_attention(s, d, F32, -1, 0, 0.05f, 45);  // prompts on AMX's tiles
     test_attention(s, 64, BF16, -1, 0, 0.05f, 45);
     for (int cache : {(int)BF16, (int)F16, (int)FP8_E4M3}) test_attention(s, 64, F32, cache, 0, 0.05f, 45);
-    test_attention(s, 64, F32, -1, 20, 0.05f, 45);
+    for (long window : {1L, 20L}) test_attention(s, 64, F32, -1, window, 0.05f, 45);
+    test_attention(s, 64, BF16, -1, 20, 0.05f, 45);
     test_attention_unread_pairs(s);
     test_cache_cast_unwritten_pairs(s);
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
