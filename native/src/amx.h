@@ -70,11 +70,5 @@ __attribute__((always_inline)) static inline void transpose16(const __m512i *r, 
   }
 }
 
-// 32 values of a row as bfloat16: float32 ones rounded to nearest even, bfloat16 ones as they are
-static inline __m512i bf16x32(const float *p) {
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
-}
-static inline __m512i bf16x32(const bf16_t *p) { return _mm512_loadu_si512(p); }
-
 }  // namespace CK_NS
 #endif

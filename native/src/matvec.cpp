@@ -383,15 +383,14 @@ static inline void amx_pack_columns(const float *p, long stride, long valid, lon
     }
 }
 
-// amx_pack_columns' hi tiles only (bfloat16 compute: the lo ones would be zeros nobody
-// multiplies), in its layout; rows of float32 (rounded) or of bfloat16 (as they are)
-template <typename S>
-static inline void amx_pack_columns_hi(const S *p, long stride, long valid, long s0, long s1, uint16_t *bp) {
+// amx_pack_columns in bfloat16 compute: rows of bfloat16 values as they are, hi tiles only (the
+// lo ones would be zeros nobody multiplies), in its layout
+static inline void amx_pack_columns_hi(const bf16_t *p, long stride, long valid, long s0, long s1, uint16_t *bp) {
   for (long s = s0; s < s1; ++s)
     for (int c = 0; c < 2; ++c) {
       __m512i hi[16], rows[16];
       for (int j = 0; j < 16; ++j)
-        hi[j] = 16 * c + j < valid ? bf16x32(p + (16 * c + j) * stride + 32 * s) : _mm512_setzero_si512();
+        hi[j] = 16 * c + j < valid ? _mm512_loadu_si512(p + (16 * c + j) * stride + 32 * s) : _mm512_setzero_si512();
       uint16_t *tile = bp + s * 2048 + c * 1024;
       transpose16(hi, rows);
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
@@ -459,91 +458,6 @@ static inline void amx_store_out(const float *c, const float *scale, const float
   }
   for (long t = 0; t < rows; ++t)
     for (long q = 0; q < rw; ++q) from_f32(c[t * 32 + q] * scale[q] + bias[q], &out[t * n + q]);
-}
-
-template <int QT, typename T>
-static int amx_gemm(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
-                    long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
-  const long rb = row_bytes(row_format(QT), k), nb = k / kBlock;
-  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi, no lo rows
-  const long padded = (rows + 15) / 16 * 16, steps = k / 32, groups = (n + 31) / 32;
-  // hi rows, then (float32) lo rows
-  uint16_t *a = (uint16_t *)aligned_alloc(64, (kHiOnly ? 1 : 2) * padded * k * sizeof(uint16_t));
-  if (!a) return -1;
-  uint16_t *alo = a + padded * k;
-  parallel_for(padded, 16, nthreads, true, [&](long r_lo, long r_hi) {
-    for (long r = r_lo; r < r_hi; ++r)
-      for (long s = 0; s < steps; ++s) {
-        __m512i hi = _mm512_setzero_si512(), lo = hi;
-        const T *xr = x + r * xs + 32 * s;
-        if constexpr (kHiOnly) {  // bfloat16 rows: copied
-          if (r < rows) hi = bf16x32(xr);
-        } else {
-          if (r < rows) split32(xr, &hi, &lo);
-          _mm512_store_si512(alo + r * k + 32 * s, lo);
-        }
-        _mm512_store_si512(a + r * k + 32 * s, hi);
-      }
-  });
-  int failed = 0;
-  parallel_for(groups, 1, nthreads, true, [&](long lo_g, long hi_g) {
-    float *wp = (float *)aligned_alloc(64, 32 * k * sizeof(float));
-    uint16_t *bp = (uint16_t *)aligned_alloc(64, steps * 2048 * sizeof(uint16_t));
-    float *c = (float *)aligned_alloc(64, padded * 32 * sizeof(float));  // [padded rows, 32 columns]
-    if (!wp || !bp || !c) {
-      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-      free(wp), free(bp), free(c);
-      return;
-    }
-    amx_configure();
-    for (long g = lo_g; g < hi_g; ++g) {
-      const long j = 32 * g, rw = n - j < 32 ? n - j : 32;
-      if (QT == CK_F32W)
-        memcpy(wp, w + j * rb, rw * k * sizeof(float));
-      else
-        dequant_rows<QT>(w, rb, nb, j, rw, wp);
-      memset(wp + rw * k, 0, (32 - rw) * k * sizeof(float));
-      if constexpr (kHiOnly)
-        amx_pack_columns_hi(wp, k, 32, 0, k / 32, bp);
-      else
-        amx_pack_columns(wp, k, 32, 0, k / 32, bp);
-      float scale[32] = {}, bj[32] = {};  // zeros past rw (the vector stores mask them out)
-      row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
-      // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
-      // rows, the sums parked in c between: one B tile load per TDPBF16PS from L2 is slower
-      for (long s0 = 0; s0 < steps; s0 += kAmxSteps) {
-        const long s1 = s0 + kAmxSteps < steps ? s0 + kAmxSteps : steps;
-        for (long r0 = 0; r0 < padded; r0 += 16) {
-          if (s0 == 0) {
-            _tile_zero(0);
-            _tile_zero(1);
-          } else {
-            _tile_loadd(0, c + r0 * 32, 128);
-            _tile_loadd(1, c + r0 * 32 + 16, 128);
-          }
-          for (long s = s0; s < s1; ++s) {  // the next 16 rows' A tiles fetched meanwhile
-            if (r0 + 16 < padded)
-              for (long i = 0; i < 16; ++i) {
-                _mm_prefetch((const char *)(a + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
-                if constexpr (!kHiOnly) _mm_prefetch((const char *)(alo + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
-              }
-            if constexpr (kHiOnly)
-              amx_products_hi(a + r0 * k + 32 * s, k * 2, bp + s * 2048);
-            else
-              amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
-          }
-          _tile_stored(0, c + r0 * 32, 128);
-          _tile_stored(1, c + r0 * 32 + 16, 128);
-        }
-      }
-      amx_store_out(c, scale, bj, rows, rw, n, out + j);
-    }
-    _mm_sfence();  // the streaming stores visible before the task counts as done
-    _tile_release();
-    free(wp), free(bp), free(c);
-  });
-  free(a);
-  return failed ? -1 : 0;
 }
 
 // block b of weight row r (format QT, an x8 code read as stored) as 2 x 16 floats
@@ -628,6 +542,118 @@ static inline void amx_x8_rows(const uint8_t *w, long nb, long g, long b, __m512
       }
     }
   }
+}
+
+// Weight rows j .. j + rw - 1 (rw <= 32; the rest zeros) as amx_gemm's B tiles, in
+// amx_pack_columns' layout (hi, then lo unless kHiOnly): each 32-value step's blocks decoded
+// straight into registers (x8 codes: 8 rows a call, amx_x8_rows), split, then transposed (a
+// float32 staging copy of the rows, as dequant_rows writes it, cost a second pass and, on the x8
+// layout, a store-forwarding stall a row)
+template <int QT, bool kHiOnly>
+static inline void amx_pack_weights(const uint8_t *w, long rb, long nb, long j, long rw, uint16_t *bp) {
+  for (long s = 0; s < nb; ++s)
+    for (long c = 0; c < 2; ++c) {
+      __m512 v[16][2];
+      if constexpr (has_x8_rows(QT)) {
+        for (long h = 0; h < 2; ++h)
+          if (16 * c + 8 * h < rw) amx_x8_rows<QT>(w, nb, (j + 16 * c) / 8 + h, s, v + 8 * h);
+      } else {
+        for (long r = 0; r < 16; ++r)
+          if (16 * c + r < rw) amx_weight_block<QT>(w, rb, nb, j + 16 * c + r, s, v[r]);
+      }
+      __m512i hi[16], lo[16], rows[16];
+      for (long r = 0; r < 16; ++r) {
+        hi[r] = lo[r] = _mm512_setzero_si512();
+        if (16 * c + r >= rw) continue;
+        if constexpr (kHiOnly)
+          hi[r] = (__m512i)_mm512_cvtne2ps_pbh(v[r][1], v[r][0]);
+        else
+          split32(v[r][0], v[r][1], &hi[r], &lo[r]);
+      }
+      uint16_t *tile = bp + s * 2048 + c * 1024;
+      transpose16(hi, rows);
+      for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 32 * kk, rows[kk]);
+      if constexpr (!kHiOnly) {
+        transpose16(lo, rows);
+        for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(tile + 512 + 32 * kk, rows[kk]);
+      }
+    }
+}
+
+template <int QT, typename T>
+static int amx_gemm(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
+                    long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {
+  const long rb = row_bytes(row_format(QT), k), nb = k / kBlock;
+  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;  // bfloat16 compute: amx_products_hi, no lo rows
+  const long padded = (rows + 15) / 16 * 16, steps = k / 32, groups = (n + 31) / 32;
+  // hi rows, then (float32) lo rows
+  uint16_t *a = (uint16_t *)aligned_alloc(64, (kHiOnly ? 1 : 2) * padded * k * sizeof(uint16_t));
+  if (!a) return -1;
+  uint16_t *alo = a + padded * k;
+  parallel_for(padded, 16, nthreads, true, [&](long r_lo, long r_hi) {
+    for (long r = r_lo; r < r_hi; ++r)
+      for (long s = 0; s < steps; ++s) {
+        __m512i hi = _mm512_setzero_si512(), lo = hi;
+        const T *xr = x + r * xs + 32 * s;
+        if constexpr (kHiOnly) {  // bfloat16 rows: copied
+          if (r < rows) hi = _mm512_loadu_si512(xr);
+        } else {
+          if (r < rows) split32(xr, &hi, &lo);
+          _mm512_store_si512(alo + r * k + 32 * s, lo);
+        }
+        _mm512_store_si512(a + r * k + 32 * s, hi);
+      }
+  });
+  int failed = 0;
+  parallel_for(groups, 1, nthreads, true, [&](long lo_g, long hi_g) {
+    uint16_t *bp = (uint16_t *)aligned_alloc(64, steps * 2048 * sizeof(uint16_t));
+    float *c = (float *)aligned_alloc(64, padded * 32 * sizeof(float));  // [padded rows, 32 columns]
+    if (!bp || !c) {
+      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+      free(bp), free(c);
+      return;
+    }
+    amx_configure();
+    for (long g = lo_g; g < hi_g; ++g) {
+      const long j = 32 * g, rw = n - j < 32 ? n - j : 32;
+      amx_pack_weights<QT, kHiOnly>(w, rb, nb, j, rw, bp);
+      float scale[32] = {}, bj[32] = {};  // zeros past rw (the vector stores mask them out)
+      row_params(row_scale, bias, bias_dt, j, rw, scale, bj);
+      // kAmxSteps steps of k at a time (their 4 KB of B tiles each stay in L1) over every 16
+      // rows, the sums parked in c between: one B tile load per TDPBF16PS from L2 is slower
+      for (long s0 = 0; s0 < steps; s0 += kAmxSteps) {
+        const long s1 = s0 + kAmxSteps < steps ? s0 + kAmxSteps : steps;
+        for (long r0 = 0; r0 < padded; r0 += 16) {
+          if (s0 == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+          } else {
+            _tile_loadd(0, c + r0 * 32, 128);
+            _tile_loadd(1, c + r0 * 32 + 16, 128);
+          }
+          for (long s = s0; s < s1; ++s) {  // the next 16 rows' A tiles fetched meanwhile
+            if (r0 + 16 < padded)
+              for (long i = 0; i < 16; ++i) {
+                _mm_prefetch((const char *)(a + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
+                if constexpr (!kHiOnly) _mm_prefetch((const char *)(alo + (r0 + 16 + i) * k + 32 * s), _MM_HINT_T0);
+              }
+            if constexpr (kHiOnly)
+              amx_products_hi(a + r0 * k + 32 * s, k * 2, bp + s * 2048);
+            else
+              amx_products(a + r0 * k + 32 * s, alo + r0 * k + 32 * s, k * 2, bp + s * 2048);
+          }
+          _tile_stored(0, c + r0 * 32, 128);
+          _tile_stored(1, c + r0 * 32 + 16, 128);
+        }
+      }
+      amx_store_out(c, scale, bj, rows, rw, n, out + j);
+    }
+    _mm_sfence();  // the streaming stores visible before the task counts as done
+    _tile_release();
+    free(bp), free(c);
+  });
+  free(a);
+  return failed ? -1 : 0;
 }
 
 // Fewer rows (batched decode): the roles swapped. The weights are the A tiles, whose rows are

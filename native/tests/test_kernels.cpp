@@ -795,8 +795,11 @@ int main(int argc, char **argv) {
     test_linear(s, Q4_1, 400, kAct16, 21, 4096);
     // AMX builds: output rows of 48 floats, a full group's 32 streamed (amx_store_out), then 16
     for (int qt : {(int)Q8_0, (int)Q4_1}) test_linear(s, qt, 200, kAct16, 48, 160);
-    // AMX builds: float32 activations on the tiles too, the blocks as stored
-    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W}) test_linear(s, qt, 40, kFloatAct, 37, 160);
+    // AMX builds: float32 activations on the tiles too, the blocks as stored (40 rows: amx_gemm_few;
+    // 200: amx_gemm, its weight tiles packed from amx_weight_block's decode)
+    for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
+      for (long rows : {40L, 200L}) test_linear(s, qt, rows, kFloatAct, 37, 160);
+    for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K}) test_k_linear(s, qt, 200);
     run += s.run;
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;
