@@ -351,9 +351,9 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
 // significant bits and a sign: Q4_0's weights, d * (q - 8), hold up to 15 and are exact), and
 // x . w = xhi . whi + xhi . wlo + xlo . whi with float32 accumulation: three TDPBF16PS where
 // the float32 FMAs would take ~16x the time; xlo . wlo and lo's rounding are ~2^-17 of the
-// product. Two kernels (amx_matmul picks): amx_gemm for many rows (each task dequantizes 32
-// weight rows as gemm_panel does, splits them into B tiles and runs every activation row over
-// them 16 at a time) and amx_gemm_few for fewer (the weights as the A tiles).
+// product. Two kernels (amx_matmul picks): amx_gemm for many rows (each task decodes 32
+// weight rows' blocks, splits them into B tiles and runs every activation row over them 16 at
+// a time) and amx_gemm_few for fewer (the weights as the A tiles).
 
 // from this many rows amx_gemm, below it amx_gemm_few (two threads, Q4_1 1536 x 576 and
 // 576 x 1536: amx_gemm_few 1.1x at 160 rows, the CPU step budget on 2 cores; amx_gemm 1.05x at
