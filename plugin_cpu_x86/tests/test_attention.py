@@ -21,6 +21,10 @@ CASES = [
     ([37, 1], [37, 50], 9, 3, 64),
     ([70], [90], 8, 2, 64),
     ([9, 2], [9, 41], 14, 2, 64),
+    # AMX builds take prompts of 16 or more tokens on the tile unit: two in one batch (one a chunk
+    # onto 67 cached keys) beside a decode token and a short prompt; 16 tokens onto 284 keys, MQA
+    ([20, 1, 33, 3], [20, 60, 100, 8], 9, 3, 64),
+    ([16], [300], 16, 1, 128),
 ]
 
 
@@ -52,6 +56,19 @@ def test_paged_attention(kernels, ref, gen, rand, close, dtype, block_size, quer
         "paged_attention",
     )
 
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [1, 24, 64])
+def test_paged_attention_sliding_window(kernels, ref, gen, rand, close, dtype, window):
+    """A sliding-window layer's prompts (AMX builds: on the tile unit, each token's first key a
+    lane mask) and a decode token: each query sees only its last ``window`` keys."""
+    q, k_cache, v_cache, meta = make_case(gen, rand, dtype, [40, 1, 20], [40, 90, 70], 8, 2, 64, 16)
+    close(
+        kernels.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window),
+        ref.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window),
+        f"paged_attention window {window}",
+    )
 
 def test_paged_attention_strided_q_and_padding(kernels, ref, gen, rand, close):
     """q as a view of a fused qkv tensor, and a runner's padding sequence (seq_len 0)."""
