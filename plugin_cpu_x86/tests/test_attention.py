@@ -57,7 +57,6 @@ def test_paged_attention(kernels, ref, gen, rand, close, dtype, block_size, quer
     )
 
 
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [1, 24, 64])
 def test_paged_attention_sliding_window(kernels, ref, gen, rand, close, dtype, window):
@@ -69,6 +68,7 @@ def test_paged_attention_sliding_window(kernels, ref, gen, rand, close, dtype, w
         ref.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window),
         f"paged_attention window {window}",
     )
+
 
 def test_paged_attention_strided_q_and_padding(kernels, ref, gen, rand, close):
     """q as a view of a fused qkv tensor, and a runner's padding sequence (seq_len 0)."""
