@@ -914,28 +914,18 @@ template <typename T>
 static int gemv_typed(int qt, const uint8_t *w, const float *rs, const T *x, long xs,
                       long rows, long n, long k, void *out, const void *bias, int bias_dt, int nt) {
   T *o = (T *)out;
+#define CK_CASE(Q) \
+  case Q: return matmul_act<Q, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   switch (qt) {
-    case CK_Q8_0: return matmul_act<CK_Q8_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_0: return matmul_act<CK_Q4_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_1: return matmul_act<CK_Q4_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_F32W: return matmul_act<CK_F32W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_K: return matmul_act<CK_Q4_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_K: return matmul_act<CK_Q5_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q6_K: return matmul_act<CK_Q6_K, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_0: return matmul_act<CK_Q5_0, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q5_1: return matmul_act<CK_Q5_1, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_E4M3W: return matmul_act<CK_E4M3W, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    CK_CASE(CK_Q8_0) CK_CASE(CK_Q4_0) CK_CASE(CK_Q4_1) CK_CASE(CK_F32W) CK_CASE(CK_Q4_K)
+    CK_CASE(CK_Q5_K) CK_CASE(CK_Q6_K) CK_CASE(CK_Q5_0) CK_CASE(CK_Q5_1) CK_CASE(CK_E4M3W)
 #if defined(CK_V8)  // x8 weights (CK_ACT16), from kPanelMin rows: the panel (or tile) kernel only
-    case CK_Q8_0X8: return matmul_act<CK_Q8_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_0X8: return matmul_act<CK_Q4_0X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4_1X8: return matmul_act<CK_Q4_1X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_INT8X8: return matmul_act<CK_INT8X8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_Q4FX8: return matmul_act<CK_Q4FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_U8FX8: return matmul_act<CK_U8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
-    case CK_S8FX8: return matmul_act<CK_S8FX8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
+    CK_CASE(CK_Q8_0X8) CK_CASE(CK_Q4_0X8) CK_CASE(CK_Q4_1X8) CK_CASE(CK_INT8X8) CK_CASE(CK_Q4FX8)
+    CK_CASE(CK_U8FX8) CK_CASE(CK_S8FX8)
 #endif
     default: return matmul_act<CK_INT8, T>(w, rs, x, xs, rows, n, k, o, bias, bias_dt, nt);
   }
+#undef CK_CASE
 }
 
 }  // namespace CK_NS
