@@ -60,7 +60,8 @@ def test_requests_admitted_during_a_step_enter_at_the_next_boundary_in_order(mod
     params = SamplingParams(temperature=0.0, max_tokens=4)
 
     async def run(request_id: str, prompt: list[int], arrival: float | None = None):
-        return [out async for out in engine.generate(request_id, params, prompt_token_ids=prompt, arrival_time=arrival)]
+        stream = await engine.add_request(request_id, params, prompt_token_ids=prompt, arrival_time=arrival)
+        return [out async for out in stream]
 
     async def scenario():
         first = asyncio.create_task(run("a", [1, 2, 3, 4, 5]))

@@ -30,7 +30,8 @@ VOCAB = 128
 class CharTokenizer:
     """One token per ASCII character."""
 
-    chat_template = "chat"
+    chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}>"
+    special_tokens_map = {"eos_token": "$"}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) % VOCAB for c in text]
@@ -51,11 +52,6 @@ class FakeEngine:
         self.arrivals: dict[str, tuple[float, float]] = {}  # request id -> (its arrival stamp, when it was added)
         self.step_seconds = step_seconds
         self.num_finished = 0
-        self.chat_templates: list[str | None] = []  # each apply_chat_template call's
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, chat_template=None):
-        self.chat_templates.append(chat_template)
-        return self.tokenizer.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + ">")
 
     def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, arrival_time=None, priority=0):
         if any(t >= VOCAB for t in prompt_token_ids):
@@ -257,11 +253,18 @@ def test_serve_chat_template_is_the_default_of_chat_requests(tmp_path):
     with pytest.raises(argparse.ArgumentTypeError, match="neither a file nor a Jinja template"):
         chat_template_arg(str(tmp_path / "missing.jinja"))
     engine = FakeEngine()
-    fe = Frontend(AsyncEngine(lambda: engine), "fake", max_queue_len=4, chat_template="{{ server }}")
-    try:
-        messages = [ChatMessage(role="user", content="hi")]
-        asyncio.run(fe.render_chat(messages, True, None))
-        asyncio.run(fe.render_chat(messages, True, "{{ own }}"))
-    finally:
-        fe.shutdown()
-    assert engine.chat_templates == ["{{ server }}", "{{ own }}"]
+    messages = [ChatMessage(role="user", content="hi")]
+
+    served = Frontend(AsyncEngine(lambda: engine), "fake", 4, chat_template="{{ eos_token }}{{ messages[0].content }}")
+    trusting = Frontend(AsyncEngine(lambda: engine), "fake", 4, trust_request_chat_template=True)
+
+    async def render():
+        try:
+            renders = [(served, None), (trusting, None), (trusting, "{{ messages[0].role }}!")]
+            return [engine.tokenizer.decode(await fe.render_chat(messages, True, t)) for fe, t in renders]
+        finally:
+            await served.close()
+            await trusting.close()
+
+    # the server's template; the model's own; a request's own (trusted)
+    assert asyncio.run(render()) == ["$hi", "<user>hi>", "user!"]

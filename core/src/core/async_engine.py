@@ -23,7 +23,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from core.distributed.executor import WorkerFailed
@@ -93,7 +93,7 @@ class AsyncEngine:
         self._wake.set()
         return future
 
-    async def generate(
+    async def add_request(
         self,
         request_id: str,
         params: SamplingParams,
@@ -101,19 +101,16 @@ class AsyncEngine:
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Add a request and yield its (cumulative) outputs until it finishes.
+    ) -> RequestStream:
+        """Add a request; return its stream of (cumulative) outputs once the engine took it in.
 
         :param arrival_time: when the request arrived (``time.time()``); default: now, when
-            ``generate`` is called, not when the engine thread takes it in.
-        Raises ValueError before the first output when the engine rejects the request.
-        Closing the iterator early (a client that went away) aborts the request.
+            ``add_request`` is called, not when the engine thread takes it in.
+        :raises ValueError: the engine rejected the request (nothing was streamed yet).
         """
         arrival = time.time() if arrival_time is None else arrival_time
-        loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (loop, outputs)
-        finished = False
+        self._streams[request_id] = (asyncio.get_running_loop(), outputs)
         try:
             await asyncio.wrap_future(
                 self._call(
@@ -122,16 +119,15 @@ class AsyncEngine:
                     )
                 )
             )
-            while not finished:
-                item = await outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
+        except BaseException:
             self._streams.pop(request_id, None)
-            if not finished and self.is_running:
-                self._call(lambda: self.engine.abort_request(request_id))
+            raise
+        return RequestStream(self, request_id, outputs)
+
+    def _close_stream(self, request_id: str, is_finished: bool) -> None:
+        self._streams.pop(request_id, None)
+        if not is_finished and self.is_running:
+            self._call(lambda: self.engine.abort_request(request_id))
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (no-op when it is unknown or done)."""
@@ -183,12 +179,20 @@ class AsyncEngine:
             self.engine.shutdown()  # its workers, when the model is split
 
     def _run_commands(self) -> None:
-        """The step boundary: everything queued (requests admitted during the step, aborts) in order."""
+        """The step boundary: everything queued (requests admitted during the step, aborts) in order.
+
+        The stats snapshot is refreshed after them, so a request the front end saw accepted is
+        counted by the engine's gauges from then on (and by the front end's until then).
+        """
+        num_run = 0
         while True:
             try:
                 self._commands.get_nowait()()
             except queue.Empty:
                 break
+            num_run += 1
+        if num_run and self.failure is None:
+            self._stats = self.engine.stats()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -215,3 +219,36 @@ class AsyncEngine:
             self._stats = self.engine.stats()  # before delivering: a client that saw a token sees its request counted
             for out in outputs:
                 self._deliver(out)
+
+
+class RequestStream:
+    """One admitted request's outputs, as an async iterator; :meth:`aclose` before its end aborts it."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, outputs: asyncio.Queue) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._outputs = outputs
+        self.is_finished = False
+        self._is_closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.is_finished or self._is_closed:
+            raise StopAsyncIteration
+        item = await self._outputs.get()
+        if isinstance(item, BaseException):  # the engine already dropped the request
+            self.is_finished = True
+            raise item
+        self.is_finished = item.finished
+        return item
+
+    def close(self) -> None:
+        """Stop streaming; abort the request if it has not finished. Idempotent."""
+        if not self._is_closed:
+            self._is_closed = True
+            self.engine._close_stream(self.request_id, self.is_finished)
+
+    async def aclose(self) -> None:
+        self.close()

@@ -15,6 +15,7 @@ from core import __version__
 from core.bench.cli import add_bench_parser
 from core.config import add_engine_args, config_from_args
 from core.discovery import PluginRecord, discover
+from core.server.chat_templates import TemplateBudget
 
 logger = logging.getLogger("core")
 
@@ -141,9 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--json", action="store_true", help="machine-readable output")
     devices.set_defaults(func=cmd_devices)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description="OpenAI-compatible HTTP server. Memory: the weights plus the KV cache, whose size the start-up "
+        "log prints (--kv-cache-memory sets it; by default the platform decides: the CPU backends take "
+        "min(8 GiB, 40%% of the memory free after the weights)). The cache is allocated at start-up and the "
+        "process's resident memory grows to include all of it as requests fill it: size the machine for both.",
+    )
     add_engine_args(serve)
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument(
+        "--host", default="0.0.0.0", help="address to bind (default: every interface; 127.0.0.1: this machine only)"
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=os.environ.get("CORE_API_KEY"))
     serve.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 503")
@@ -155,6 +165,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Jinja chat template, or a file holding one, for chat requests that bring none (default: the model's)",
     )
     serve.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="run the chat_template a request brings (a Jinja program from the client), in a sandbox process "
+        "within --chat-template-timeout and --chat-template-max-bytes; without it such requests get 400",
+    )
+    serve.add_argument(
+        "--chat-template-timeout",
+        type=positive_float,
+        default=TemplateBudget.timeout_s,
+        help="seconds a request's own chat template may take to render; past it the render is stopped and the request gets 400",
+    )
+    serve.add_argument(
+        "--chat-template-max-bytes",
+        type=positive_int,
+        default=TemplateBudget.max_output_bytes,
+        help="largest rendered chat (UTF-8 bytes), for every template; past it the request gets 400",
+    )
+    serve.add_argument(
+        "--allowed-origins", type=json_list, default=["*"], help='CORS: origins allowed, a JSON list (default ["*"])'
+    )
+    serve.add_argument(
+        "--allowed-methods", type=json_list, default=["*"], help='CORS: methods allowed, a JSON list (default ["*"])'
+    )
+    serve.add_argument(
+        "--allowed-headers", type=json_list, default=["*"], help='CORS: headers allowed, a JSON list (default ["*"])'
+    )
+    serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, auth)")
+    serve.add_argument(
         "--drain-timeout",
         type=float,
         default=5.0,
@@ -164,6 +202,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return parser
+
+
+def json_list(value: str) -> list[str]:
+    """A flag's JSON list of strings, e.g. ``'["https://app.example"]'``."""
+    try:
+        items = json.loads(value)
+    except json.JSONDecodeError:
+        items = None
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings such as '[\"*\"]', got {value!r}")
+    return items
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
 
 
 def chat_template_arg(value: str) -> str:

@@ -17,10 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -29,8 +31,9 @@ from core.async_engine import AsyncEngine
 from core.config import EngineConfig
 from core.engine import LLMEngine
 from core.server.chat import ChatHandler
+from core.server.chat_templates import TemplateBudget
 from core.server.completions import CompletionHandler
-from core.server.errors import APIError, install_error_handlers
+from core.server.errors import APIError, document_error_statuses, error_responses, install_error_handlers
 from core.server.frontend import Frontend
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -39,24 +42,39 @@ from core.server.streaming import ClientDisconnected
 logger = logging.getLogger(__name__)
 
 
-def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int = 4 << 20) -> Any:
-    """The ASGI app serving ``fe``'s engine: FastAPI routes inside the arrival stamp and the key and body-size checks."""
+@dataclass(frozen=True)
+class CorsSettings:
+    """Cross-origin resource sharing, as vLLM's ``--allowed-origins`` etc. set it."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+
+
+def build_app(
+    fe: Frontend, api_key: str | None = None, max_request_bytes: int = 4 << 20, cors: CorsSettings | None = None
+) -> Any:
+    """The ASGI app serving ``fe``'s engine: FastAPI routes inside the arrival stamp, CORS and the key and body-size checks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await fe.startup()
         yield
         await asyncio.to_thread(fe.shutdown)
-        fe.close()
+        await fe.close()
 
     app = FastAPI(title="core", version=__version__, lifespan=lifespan)
     app.state.frontend = fe
     install_error_handlers(app)
+    with_key = api_key is not None
+    errors = error_responses(with_key=with_key)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nobody reads it: the client has left
 
-    @app.get("/health")
+    @app.get("/health", responses=error_responses((503,)))
     async def health() -> Response:
         if not fe.is_running:
             raise APIError(503, "the engine is not running")
@@ -70,7 +88,7 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
     async def metrics() -> Response:
         return Response(fe.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses((), with_key))
     async def models() -> dict[str, Any]:
         card = {
             "id": fe.model_name,
@@ -82,15 +100,15 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=errors)
     async def completions(req: CompletionRequest, raw: Request) -> Any:
         return await CompletionHandler(fe, req, arrival_time(raw.scope))(raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=errors)
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
         return await ChatHandler(fe, req, arrival_time(raw.scope))(raw)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=errors)
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         fe.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
@@ -98,18 +116,27 @@ def build_app(fe: Frontend, api_key: str | None = None, max_request_bytes: int =
         if req.messages is not None:
             ids = await fe.render_chat(req.messages, req.add_generation_prompt, None)
         else:
-            ids = await fe.tokenize(req.prompt or "", req.add_special_tokens)
+            ids = await fe.tokenize(req.prompt or "", req.add_special_tokens, limit=fe.max_model_len)
         return {"count": len(ids), "max_model_len": fe.max_model_len, "tokens": ids}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=errors)
     async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
         fe.check_model(req.model)
         return {"prompt": await fe.detokenize(req.tokens)}
 
+    document_error_statuses(app)
     started = int(time.time())
     wrapped: Any = BodyLimitMiddleware(app, max_request_bytes)
     if api_key:
         wrapped = ApiKeyMiddleware(wrapped, api_key)
+    cors = cors or CorsSettings()
+    wrapped = CORSMiddleware(  # outside the key check: a browser must see a 401 and the preflight needs no key
+        wrapped,
+        allow_origins=list(cors.allowed_origins),
+        allow_methods=list(cors.allowed_methods),
+        allow_headers=list(cors.allowed_headers),
+        allow_credentials=cors.allow_credentials,
+    )
     wrapped = ArrivalMiddleware(wrapped)  # outermost: the stamp precedes reading the body
     wrapped.fastapi_app = app  # tests and tools reach the routes and the OpenAPI schema here
     return wrapped
@@ -129,8 +156,16 @@ class _Server(uvicorn.Server):
         for server in getattr(self, "servers", []):
             for sock in server.sockets or ():
                 host, port = sock.getsockname()[:2]
-                shown = "localhost" if host in ("0.0.0.0", "::") else host
-                logger.info("ready: serving on http://%s:%d (Ctrl+C to stop)", shown, port)
+                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                if host in ("0.0.0.0", "::"):
+                    logger.info(
+                        "ready: serving on %s: every network interface, reachable from other machines "
+                        "(--host 127.0.0.1 for this machine only); here: http://localhost:%d (Ctrl+C to stop)",
+                        url,
+                        port,
+                    )
+                else:
+                    logger.info("ready: serving on %s (Ctrl+C to stop)", url)
 
     async def on_tick(self, counter: int) -> bool:
         if self.fe.failure is not None and not self.should_exit:
@@ -152,6 +187,9 @@ class _Server(uvicorn.Server):
             self.abort_timer.daemon = True
             self.abort_timer.start()
         super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once it stopped, which kills the process (status
+        # 128 + the signal) before the engine shut down; a stop we asked for exits 0
+        self._captured_signals.clear()
 
     def abort_engines(self) -> None:
         """Abort the requests in flight and stop every replica (does not wait)."""
@@ -188,8 +226,18 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         num_tokens,
         num_tokens / llm.config.max_model_len,
     )
-    fe = Frontend(engines, model_name, args.max_queue_len, args.chat_template)
-    app = build_app(fe, args.api_key, args.max_request_bytes)
+    logger.info(
+        "memory: the KV cache takes %.2f GiB per replica, on top of the weights; the process's memory use grows "
+        "to include all of it as requests fill its blocks (--kv-cache-memory GiB, or the platform's own "
+        "variable, sets it)",
+        llm.kv_plan.num_blocks * llm.kv_plan.block_bytes / (1 << 30),
+    )
+    budget = TemplateBudget(timeout_s=args.chat_template_timeout, max_output_bytes=args.chat_template_max_bytes)
+    fe = Frontend(engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template)
+    cors = CorsSettings(
+        tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers), args.allow_credentials
+    )
+    app = build_app(fe, args.api_key, args.max_request_bytes, cors)
     uv_config = uvicorn.Config(
         app,
         host=args.host,

@@ -47,10 +47,9 @@ class ChatHandler(Handler):
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise bad_request("response_format other than {'type': 'text'} is not supported", "response_format")
         params = chat_params(req, fe.vocab_size)
-        ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template)
+        ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template, req.chat_template_kwargs)
         fe.check_length(len(ids), params.max_tokens)
-        (ticket,) = fe.admit(1)
-        return await self.respond(raw, [fe.generate(self.id, params, ids, ticket, self.arrival_time)], [ticket])
+        return await self.respond(raw, await fe.start([(self.id, params, ids)], self.arrival_time))
 
     def _logprobs(self, token_ids: list[int], entries: list | None) -> dict | None:
         if not self.req.logprobs:

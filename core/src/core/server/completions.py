@@ -54,10 +54,15 @@ async def _prompts(fe: Frontend, prompt: Any) -> list[tuple[str | None, list[int
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if isinstance(prompt[0], int):
-        return [(None, list(prompt))]
+        prompt = [prompt]
+    fe.check_queue_fits(len(prompt))  # before tokenizing prompts that could never be queued
     if isinstance(prompt[0], str):
-        return [(text, await fe.tokenize(text)) for text in prompt]
-    return [(None, list(ids)) for ids in prompt]
+        prompts = [(text, await fe.tokenize(text, limit=fe.max_model_len)) for text in prompt]
+    else:
+        prompts = [(None, list(ids)) for ids in prompt]
+    for _, ids in prompts:
+        fe.check_token_ids(ids, "prompt")
+    return prompts
 
 
 class CompletionHandler(Handler):
@@ -77,12 +82,8 @@ class CompletionHandler(Handler):
         self.echo_texts = []
         if req.echo:
             self.echo_texts = [text if text is not None else await fe.detokenize(ids) for text, ids in prompts]
-        tickets = fe.admit(len(prompts))
-        streams = [
-            fe.generate(f"{self.id}-{i}", params, ids, t, self.arrival_time)
-            for i, ((_, ids), t) in enumerate(zip(prompts, tickets, strict=True))
-        ]
-        return await self.respond(raw, streams, tickets)
+        requests = [(f"{self.id}-{i}", params, ids) for i, (_, ids) in enumerate(prompts)]
+        return await self.respond(raw, await fe.start(requests, self.arrival_time))
 
     def _choice(self, prompt_index: int, out: RequestOutput, c: Any, cursor: ChoiceCursor | None) -> dict[str, Any]:
         """One choice: the whole completion (cursor None) or what is new since the cursor."""

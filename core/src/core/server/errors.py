@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -45,18 +47,124 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+_STATUS_TEXT = {
+    400: "Bad request: a field is wrong or the request can never be served (error.param names the field)",
+    401: "Missing or wrong API key",
+    404: "No such model on this server",
+    413: "Request body larger than the server's limit (--max-request-bytes)",
+    503: "Busy now (queue full: retry later) or the engine is not running",
+}
+
+
+def error_responses(statuses: tuple[int, ...] = (400, 404, 413, 503), with_key: bool = False) -> dict:
+    """A route's ``responses=`` for the OpenAPI schema: the error statuses it answers, with :class:`ErrorResponse`."""
+    return {s: {"model": ErrorResponse, "description": _STATUS_TEXT[s]} for s in (*statuses, *((401,) * with_key))}
+
+
+def document_error_statuses(app: FastAPI) -> None:
+    """Have ``app``'s OpenAPI schema say what the server answers: FastAPI documents 422 for a
+    body that fails validation, and this server answers those with 400."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path_item in schema.get("paths", {}).values():
+                for operation in path_item.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_TYPE_MISMATCHES = frozenset(
+    {
+        "string_type",
+        "int_type",
+        "float_type",
+        "bool_type",
+        "list_type",
+        "dict_type",
+        "model_type",
+        "model_attributes_type",
+    }
+)
+_SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "none": "null"}
+
+
+def _is_branch(part: object) -> bool:
+    """Whether a pydantic error location part names a union branch (``str``, ``list[str]``) rather than a field."""
+    return isinstance(part, str) and (part in _SCALARS or "[" in part or "-" in part or part[:1].isupper())
+
+
+def _describe(branch: str, plural: bool = False) -> str:
+    """``list[constrained-int]`` -> ``a list of integers``."""
+    if branch.startswith("list[") and branch.endswith("]"):
+        return ("lists of " if plural else "a list of ") + _describe(branch[5:-1], plural=True)
+    name = branch.rsplit("-", 1)[-1]
+    if name in _SCALARS:
+        noun = _SCALARS[name]
+        return f"{noun}s" if plural else ("an " if noun[0] in "aeiou" else "a ") + noun
+    if name.startswith("dict["):
+        return "objects" if plural else "an object"
+    words = re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()  # ContentPart -> content part
+    return f"{words}s" if plural else f"a {words}"
+
+
+def _message(error: dict) -> str:
+    return str(error.get("msg", "")).removeprefix("Value error, ")
+
+
+def _field(loc: list[object]) -> str:
+    return ".".join(str(p) for p in loc) or "the request body"
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line naming the first wrong field and what it accepts (a union's alternatives in words)."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('msg')}", None
-    where = f"field {param!r}" if param else "the request body"
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return f"{where}: {first.get('msg')}{more}", param
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    cut = next((i for i, p in enumerate(loc) if _is_branch(p)), None)
+    if cut is None:
+        param = _field(loc)
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        return f"field {param!r}: {_message(first)}{more}", param
+    prefix = loc[:cut]
+    branches: list[str] = []
+    detail = ""
+    for error in errors:
+        where = [p for p in error.get("loc", ()) if p != "body"]
+        if where[:cut] != prefix or len(where) <= cut:
+            continue
+        if where[cut] not in branches:
+            branches.append(where[cut])
+        deeper = [p for p in where[cut + 1 :] if not _is_branch(p)]
+        if deeper and error.get("type") not in _TYPE_MISMATCHES and not detail:
+            detail = f" ({_field(prefix + deeper)!r}: {_message(error)})"
+    param = _field(prefix)
+    choices = [_describe(b) for b in branches]
+    accepted = choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+    return f"field {param!r} must be {accepted}{detail}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,29 +1,45 @@
 """What the HTTP handlers share: the engine, tokenization off the event loop, admission, limits.
 
-Tokenizing and chat templating run on one worker thread (a big prompt must not stall the
-event loop, and one thread keeps the tokenizer's use simple); the engine steps in its own
-thread (:class:`~core.async_engine.AsyncEngine`). The event loop only moves requests and bytes.
-With ``--data-parallel-size N`` there are N engine replicas (each its own workers, KV cache
-and CPUs); every request goes to the replica with the fewest requests in flight.
+Tokenizing and the server's chat template run on a small pool of front-end threads (a big
+prompt must not stall the event loop, nor the other requests' tokenization); a request's own
+chat template runs in :class:`~core.server.chat_templates.TemplateSandbox`'s processes. The
+engine steps in its own thread (:class:`~core.async_engine.AsyncEngine`). The event loop only
+moves requests and bytes. Every input error is found before a response begins: the engine
+takes each request in (or rejects it, a 400) before its stream starts. With
+``--data-parallel-size N`` there are N engine replicas (each its own workers, KV cache and
+CPUs); every request goes to the replica with the fewest requests in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from core.async_engine import AsyncEngine, EngineDeadError
+from core.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 from core.sequence import ContextLengthError, check_length
+from core.server.chat_templates import (
+    RESERVED_VARIABLES,
+    TemplateBudget,
+    TemplateError,
+    TemplateSandbox,
+    check_output,
+    render,
+)
 from core.server.errors import APIError, bad_request
-from core.server.metrics import ServerMetrics
+from core.server.metrics import RequestTracker, ServerMetrics
 
 _KNOWN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+#: a text prompt longer than this many characters a token of the context is tokenized in two
+#: steps: first that many characters a token; a prefix with twice the context's tokens proves the
+#: whole prompt too long without tokenizing all of it
+PREFIX_CHARS_PER_TOKEN = 16
 
 
 @dataclass
@@ -42,36 +58,95 @@ class Ticket:
                 self.frontend.queued[self.replica] -= 1
 
 
+class TrackedStream:
+    """One engine request as the handlers see it: its outputs, with metrics and its ticket.
+
+    :meth:`close` (also on a stream never iterated) releases the ticket and, before the
+    request's end, aborts it.
+    """
+
+    def __init__(self, fe: Frontend, replica: int, ticket: Ticket, stream: RequestStream) -> None:
+        self.fe = fe
+        self.replica = replica
+        self.ticket = ticket
+        self.stream = stream
+        self.tracker: RequestTracker = fe.metrics.track()
+        self._is_closed = False
+
+    def __aiter__(self) -> TrackedStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        try:
+            out = await self.stream.__anext__()
+        except EngineDeadError as exc:
+            self.close()
+            raise APIError(503, f"the engine is not running: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+        self.ticket.release()
+        self.tracker.observe(out)
+        return out
+
+    def close(self) -> None:
+        if not self._is_closed:
+            self._is_closed = True
+            self.ticket.release()
+            self.fe.in_flight[self.replica] -= 1
+            self.stream.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
 class Frontend:
     """The server's view of its engine replicas: model name, limits, tokenizer, admission, routing, streams.
 
     :param engines: one engine, or the data-parallel replicas (the same model and settings).
     :param chat_template: the template of chat requests that bring none (``core serve
         --chat-template``); None: the model's own.
+    :param template_budget: what one chat template render may take.
+    :param trust_request_chat_template: whether a request may bring its own chat template
+        (rendered in a sandbox process within ``template_budget``); without it such a request is a 400.
     """
 
     def __init__(
         self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int,
-        chat_template: str | None = None,
+        chat_template: str | None = None, template_budget: TemplateBudget | None = None,
+        trust_request_chat_template: bool = False,
     ) -> None:  # fmt: skip
         self.replicas = engines if isinstance(engines, list) else [engines]
-        self.chat_template = chat_template
         self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
         llm = self.engine.engine
         self.model_name = model_name
         self.tokenizer = llm.tokenizer
+        self.chat_template = chat_template or (self.tokenizer.chat_template if self.tokenizer is not None else None)
+        self.template_budget = template_budget or TemplateBudget()
+        self.sandbox = TemplateSandbox(self.template_budget) if trust_request_chat_template else None
         self.max_model_len: int = llm.config.max_model_len
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
         self.queued = [0] * len(self.replicas)  # of those, routed to each replica
+        self.pending = [0] * len(self.replicas)  # routed to each replica, not yet taken in by its engine
         self.in_flight = [0] * len(self.replicas)  # requests routed to each replica and not finished
         self.metrics = ServerMetrics(self.stats, model_name)
-        self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="core-tokenizer")
+        # tokenizers release the GIL while they encode: a few threads keep one huge prompt
+        # from holding up the small ones
+        num_threads = max(4, min(8, os.cpu_count() or 1))
+        self._tokenizer_threads = concurrent.futures.ThreadPoolExecutor(num_threads, "core-tokenizer")
         self._token_text: dict[int, str] = {}
 
-    def close(self) -> None:
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+    async def startup(self) -> None:
+        """Start what the front end runs beside the engine (the chat template sandbox's workers)."""
+        if self.sandbox is not None:
+            await self.sandbox.start()
+
+    async def close(self) -> None:
+        self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
+        if self.sandbox is not None:
+            await self.sandbox.close()
 
     @property
     def is_running(self) -> bool:
@@ -90,8 +165,8 @@ class Frontend:
     def stats(self) -> list[dict[str, Any]]:
         """Each replica's stats, with requests routed to it but not yet in its engine counted as waiting."""
         stats = [engine.stats() for engine in self.replicas]
-        for s, queued in zip(stats, self.queued, strict=True):
-            s["num_waiting"] = max(s["num_waiting"], queued)
+        for s, pending in zip(stats, self.pending, strict=True):
+            s["num_waiting"] = s.get("num_waiting", 0) + pending
         return stats
 
     # -- validation ------------------------------------------------------------------------
@@ -111,10 +186,26 @@ class Frontend:
         except ContextLengthError as exc:
             raise bad_request(str(exc), exc.param) from exc
 
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """400 when a token id is outside the vocabulary."""
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"{param} holds token id {bad}, outside the vocabulary [0, {self.vocab_size})", param)
+
+    def check_queue_fits(self, num_prompts: int) -> None:
+        """400 when a request's prompts could never fit the queue, even an empty one."""
+        if num_prompts > self.max_queue_len:
+            raise bad_request(
+                f"this request has {num_prompts} prompts; the server queues at most {self.max_queue_len} "
+                "(core serve --max-queue-len): send them in several requests",
+                "prompt",
+            )
+
     def admit(self, num_requests: int) -> list[Ticket]:
-        """Tickets for ``num_requests`` engine requests, or 503 when the queue is full."""
+        """Tickets for ``num_requests`` engine requests: 400 when they could never fit the queue, 503 when it is full now."""
         if not self.is_running:
             raise APIError(503, "the engine is not running (shutting down or failed)")
+        self.check_queue_fits(num_requests)
         if self.num_queued + num_requests > self.max_queue_len:
             raise APIError(
                 503,
@@ -130,36 +221,93 @@ class Frontend:
         return self.tokenizer
 
     async def _in_tokenizer_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_threads, fn, *args)
 
-    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True, limit: int | None = None) -> list[int]:
+        """Token ids of ``text``.
+
+        :param limit: when given, a prompt provably longer than this many tokens is refused
+            (400) after tokenizing a prefix of it (see :data:`PREFIX_CHARS_PER_TOKEN`).
+        """
         tokenizer = self._require_tokenizer()
-        return await self._in_tokenizer_thread(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+        def encode() -> list[int]:
+            if limit is not None and len(text) > PREFIX_CHARS_PER_TOKEN * limit:
+                prefix = text[: PREFIX_CHARS_PER_TOKEN * limit]
+                num_tokens = len(tokenizer.encode(prefix, add_special_tokens=add_special_tokens))
+                if num_tokens > 2 * limit:
+                    raise bad_request(
+                        f"the prompt is too long: its first {len(prefix)} characters alone are {num_tokens} "
+                        f"tokens, and this model's context is {limit} tokens",
+                        "prompt",
+                    )
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+        return await self._in_tokenizer_thread(encode)
 
     async def detokenize(self, token_ids: list[int]) -> str:
         tokenizer = self._require_tokenizer()
-        if any(t >= self.vocab_size for t in token_ids):
-            raise bad_request(f"token ids must be in [0, {self.vocab_size})", "tokens")
+        self.check_token_ids(token_ids, "tokens")
         return await self._in_tokenizer_thread(tokenizer.decode, token_ids)
 
     async def render_chat(
-        self, messages: list[Any], add_generation_prompt: bool, chat_template: str | None
+        self,
+        messages: list[Any],
+        add_generation_prompt: bool,
+        chat_template: str | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of ``messages`` (:class:`~core.server.protocol.ChatMessage`) with the chat template."""
+        """Token ids of ``messages`` (:class:`~core.server.protocol.ChatMessage`) with the chat template.
+
+        :param chat_template: the request's own template: refused unless the server trusts
+            request templates, then rendered in the sandbox; None: the server's template.
+        :param chat_template_kwargs: more template variables (data; they may not replace the
+            render's own: ``messages``, ``tools``, ...).
+        """
+        tokenizer = self._require_tokenizer()
         plain = [
             {"role": self._role(i, m.role), "content": self._content(i, m.content)} for i, m in enumerate(messages)
         ]
-        llm = self.engine.engine
-        try:
-            return await self._in_tokenizer_thread(
-                llm.apply_chat_template, plain, add_generation_prompt, chat_template or self.chat_template
+        kwargs = chat_template_kwargs or {}
+        reserved = sorted(RESERVED_VARIABLES & kwargs.keys())
+        if reserved:
+            raise bad_request(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: the render sets those itself"
+                + (" (a request's template goes in the field chat_template)" if "chat_template" in reserved else ""),
+                "chat_template_kwargs",
             )
-        except ValueError:
+        variables = {**tokenizer.special_tokens_map, **kwargs}
+        budget = self.template_budget
+        try:
+            if chat_template is not None:
+                if self.sandbox is None:
+                    raise bad_request(
+                        "this server does not run chat templates sent with requests; leave chat_template out to "
+                        "use the model's, or start the server with --trust-request-chat-template",
+                        "chat_template",
+                    )
+                text = await self.sandbox.render(chat_template, plain, add_generation_prompt, variables)
+            else:
+                if self.chat_template is None:
+                    raise bad_request(
+                        f"model {self.model_name} has no chat template: start the server with --chat-template FILE, "
+                        "or send prompts to /v1/completions",
+                        "messages",
+                    )
+                text = await self._in_tokenizer_thread(
+                    lambda: check_output(
+                        render(self.chat_template, plain, add_generation_prompt, variables), budget.max_output_bytes
+                    )
+                )
+        except APIError:
             raise
+        except TemplateError as exc:
+            raise bad_request(str(exc), "chat_template" if chat_template is not None else "messages") from exc
         except Exception as exc:  # jinja errors (a template's raise_exception, syntax) are the request's fault
             raise bad_request(
                 f"the chat template failed on these messages: {type(exc).__name__}: {exc}", "messages"
             ) from exc
+        return await self.tokenize(text, add_special_tokens=False, limit=self.max_model_len)
 
     @staticmethod
     def _role(index: int, role: str) -> str:
@@ -176,6 +324,14 @@ class Frontend:
             return ""
         if isinstance(content, str):
             return content
+        for j, part in enumerate(content):
+            if part.type != "text":
+                raise bad_request(
+                    f"messages[{index}].content[{j}] is a part of type {part.type!r}: this model takes text only",
+                    f"messages.{index}.content.{j}.type",
+                )
+            if part.text is None:
+                raise bad_request(f"messages[{index}].content[{j}] has no text", f"messages.{index}.content.{j}.text")
         return "".join(part.text for part in content)
 
     def token_text(self, token_id: int) -> str:
@@ -191,30 +347,43 @@ class Frontend:
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
-    async def generate(
-        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket, arrival_time: float
-    ) -> AsyncIterator[RequestOutput]:
-        """The engine's cumulative outputs of one request, with metrics; aborts when closed early.
+    async def start(
+        self, requests: list[tuple[str, SamplingParams, list[int]]], arrival_time: float
+    ) -> list[TrackedStream]:
+        """Admit ``(request id, params, prompt ids)`` requests and have the engines take them in.
+
+        Raises before anything streams: 400 for a request an engine rejects (the others are
+        aborted), 503 when the queue is full or the engine is not running.
 
         :param arrival_time: when the HTTP request came in: TTFT and queue time count from it.
         """
-        tracker = self.metrics.track()
-        replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
-        if ticket.is_queued:
-            ticket.replica = replica
-            self.queued[replica] += 1
-        self.in_flight[replica] += 1
-        stream = self.replicas[replica].generate(
-            request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time
-        )
+        tickets = self.admit(len(requests))
+        streams: list[TrackedStream] = []
         try:
-            async for out in stream:
+            for (request_id, params, prompt_ids), ticket in zip(requests, tickets, strict=True):
+                streams.append(await self._start_one(request_id, params, prompt_ids, ticket, arrival_time))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            for ticket in tickets:
                 ticket.release()
-                tracker.observe(out)
-                yield out
+            raise
+        return streams
+
+    async def _start_one(
+        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket, arrival_time: float
+    ) -> TrackedStream:
+        replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
+        ticket.replica = replica
+        self.queued[replica] += 1
+        self.pending[replica] += 1
+        try:
+            stream = await self.replicas[replica].add_request(
+                request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time
+            )
         except EngineDeadError as exc:
             raise APIError(503, f"the engine is not running: {exc}") from exc
         finally:
-            ticket.release()
-            self.in_flight[replica] -= 1
-            await stream.aclose()
+            self.pending[replica] -= 1
+        self.in_flight[replica] += 1
+        return TrackedStream(self, replica, ticket, stream)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from core.outputs import RequestOutput
 from core.server.errors import APIError
-from core.server.frontend import Frontend, Ticket
+from core.server.frontend import Frontend, TrackedStream
 from core.server.responses import error_event, usage
 from core.server.streaming import SSEResponse, collect, sse, until_disconnected
 
@@ -57,17 +57,17 @@ class Handler:
         """The stream's ``data:`` events; appends each stream's final output to ``finals``."""
         raise NotImplementedError
 
-    async def respond(self, raw: Request, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> Any:
-        """Stream the answer (``stream: true``) or wait for every stream's end; release the tickets either way."""
+    async def respond(self, raw: Request, streams: list[TrackedStream]) -> Any:
+        """Stream the answer (``stream: true``) or wait for every stream's end; close the streams either way."""
         if self.req.stream:
-            return SSEResponse(self._stream(streams, tickets), on_close=lambda: _release(tickets))
+            return SSEResponse(self._stream(streams), on_close=lambda: _close(streams))
         try:
             finals = await until_disconnected(raw, _gather(streams))
         finally:
-            _release(tickets)
+            _close(streams)
         return JSONResponse(self.response(finals))
 
-    async def _stream(self, streams: list[AsyncIterator[RequestOutput]], tickets: list[Ticket]) -> AsyncIterator[str]:
+    async def _stream(self, streams: list[TrackedStream]) -> AsyncIterator[str]:
         finals: list[RequestOutput] = []
         try:
             async for event in self.events(streams, finals):
@@ -75,19 +75,17 @@ class Handler:
             options = self.req.stream_options
             if options is not None and options.include_usage and finals:
                 yield sse({**self.chunk([]), "usage": usage(finals)})
-        except (APIError, ValueError, RuntimeError) as exc:
+        except (APIError, ValueError, RuntimeError) as exc:  # the engine failed mid-stream: not the client's fault
             yield error_event(exc)
         finally:
-            _release(tickets)
-            for s in streams:
-                await s.aclose()  # type: ignore[attr-defined]
+            _close(streams)
         yield sse("[DONE]")
 
 
-def _release(tickets: list[Ticket]) -> None:
-    for t in tickets:
-        t.release()
+def _close(streams: list[TrackedStream]) -> None:
+    for s in streams:
+        s.close()
 
 
-async def _gather(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+async def _gather(streams: list[TrackedStream]) -> list[RequestOutput]:
     return list(await asyncio.gather(*(collect(s) for s in streams)))

@@ -8,20 +8,48 @@ from asking for unbounded work (``n``, ``logprobs``) or overflowing an int64 (``
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 MAX_N = 128
 INT64_MAX = 2**63 - 1
 # seed + index (one generator per completion) must stay an int64
-Seed = Annotated[int, Field(ge=-(2**63), le=INT64_MAX - MAX_N)]
-TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=INT64_MAX - MAX_N)]
+# strict: JSON's true and false are not token ids
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Count = Annotated[StrictInt, Field(ge=0, le=20)]
+
+
+def _check_text(value: Any) -> Any:
+    """``value`` (strings anywhere inside it) if every string is valid Unicode text, else ValueError."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start]
+            raise ValueError(
+                f"the text is not valid Unicode: a lone surrogate {bad!r} (U+{ord(bad):04X}) at character {exc.start}"
+            ) from None
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check_text(item)
+    return value
 
 
 class _Request(BaseModel):
-    # clients (the OpenAI SDK among them) send fields we have no use for: ignore, as vLLM does
-    model_config = ConfigDict(extra="ignore")
+    # clients (the OpenAI SDK among them) send fields we have no use for: ignore, as vLLM does;
+    # Infinity and NaN (which Python's JSON parser reads) are not sampling values
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        return _check_text(value)
 
 
 class StreamOptions(_Request):
@@ -32,10 +60,10 @@ class SamplingFields(_Request):
     """The sampling fields both generation endpoints share (vLLM's extra ones included)."""
 
     model: str | None = None
-    n: Annotated[int, Field(le=MAX_N)] = 1
+    n: Annotated[StrictInt, Field(le=MAX_N)] = 1
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: StrictInt | None = None
     min_p: float | None = None
     seed: Seed | None = None
     stop: str | list[str] | None = None
@@ -45,11 +73,11 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: StrictInt = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    prompt_logprobs: Count | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -59,21 +87,24 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: prompt as text, texts, token ids or lists of token ids."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = 16
+    max_tokens: StrictInt | None = 16
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: Count | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
 
-class TextPart(_Request):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Request):
+    """A part of a message's content; this server takes ``{"type": "text", "text": ...}`` parts only
+    (other types are refused by name when the messages are rendered)."""
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Request):
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
@@ -81,12 +112,13 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Count | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict] | None = None
     response_format: dict | None = None
 
