@@ -95,6 +95,11 @@ def test_step_budget_is_the_platforms_default_unless_set(model_dir):
         ({"tensor_parallel_size": 0}, {}, "tensor_parallel_size must be a positive integer, got 0"),
         ({"data_parallel_size": -1}, {}, "data_parallel_size must be a positive integer, got -1"),
         ({"distributed_executor_backend": "mpi"}, {}, "distributed_executor_backend must be one of mp, ray, got 'mpi'"),
+        (
+            {"quantization": "fp4"},
+            {},
+            "quantization must be one of int8, gguf, compressed-tensors, gptq, awq, got 'fp4'",
+        ),
     ],
 )
 def test_resolution_names_what_cannot_work(model_dir, settings, overrides, message):

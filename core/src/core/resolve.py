@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins import EngineConfigView, Platform
-from plugins.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPE_CHOICES
+from plugins.config import DTYPE_ALIASES, KV_CACHE_DTYPE_ALIASES, EngineSettings, declared_settings
 
-from core.config import DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, EngineConfig
+from core.config import EngineConfig
 from core.discovery import discover, select_platform
 from core.loader import ModelSource, open_model
 
@@ -72,17 +72,10 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
 
 def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
     """Reject impossible settings (the user's, or after a platform's overrides), naming the field."""
-    if settings.dtype not in DTYPES and settings.dtype not in DTYPE_ALIASES:
-        raise ValueError(f"dtype must be one of {', '.join((*DTYPES, *DTYPE_ALIASES))}, got {settings.dtype!r}")
-    if settings.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
-        raise ValueError(
-            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, got {settings.kv_cache_dtype!r}"
-        )
-    if settings.distributed_executor_backend not in EXECUTOR_BACKENDS:
-        raise ValueError(
-            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-            f"got {settings.distributed_executor_backend!r}"
-        )
+    for field, how in declared_settings(EngineSettings):
+        value = getattr(settings, field.name)
+        if how.choices is not None and value not in how.choices and not (value is None and field.default is None):
+            raise ValueError(f"{field.name} must be one of {', '.join(how.choices)}, got {value!r}")
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size"):
         value = getattr(settings, name)
         if value is None and name == "max_num_batched_tokens":

@@ -1,4 +1,10 @@
-"""The engine's settings as plugins see them: one frozen, typed view.
+"""The engine's settings, each declared once, and the frozen view plugins read.
+
+Every setting is one field of :class:`EngineSettings` made by :func:`setting`: its name,
+type (the annotation), default, help, command-line spellings and choices. From these
+declarations come the ``core serve`` / ``core bench throughput`` flags (core derives them),
+the settings check at resolution, :class:`EngineConfigView` (a subclass) and the SDK's test
+config (:func:`plugins.reference.engine_config`): adding a setting is one field plus its use.
 
 Core builds an :class:`EngineConfigView` once, before the engine exists, in stages:
 
@@ -6,8 +12,8 @@ Core builds an :class:`EngineConfigView` once, before the engine exists, in stag
    ``max_model_len`` may be ``None``): this is what ``Platform.check_config``
    receives; it returns overrides ``{field: value}`` that core merges with
    :func:`dataclasses.replace`;
-2. core then resolves ``dtype``, ``max_model_len`` and the scheduler budget
-   (``max_num_batched_tokens``, the platform's default when the user set none); every
+2. core then resolves ``dtype``, ``kv_cache_dtype``, ``max_model_len`` and the scheduler
+   budget (``max_num_batched_tokens``, the platform's default when the user set none); every
    later call (``init_device``, the memory profiler, ``Runner.prepare``) receives the
    fully resolved view: no ``"auto"``, no ``None`` ``max_model_len``.
 
@@ -16,60 +22,136 @@ Plugins read fields as attributes; the view never changes after it is built.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: vLLM's other spellings (its s390x guide serves with ``--dtype float``)
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 #: the values ``--kv-cache-dtype`` accepts (vLLM's; :mod:`plugins.kv_cache`), named here
 #: without torch so that the CLI imports none
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: ``fp8`` is E4M3, as in vLLM
 KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+#: ``int8`` (weight-only, at load), ``gguf`` (kept as in the file), or the method a Hugging Face
+#: checkpoint's ``quantization_config`` must have
+QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 @dataclass(frozen=True)
-class EngineConfigView:
-    """The engine's settings (field names follow vLLM's engine arguments).
+class Setting:
+    """How one engine setting is set: the metadata of its :class:`EngineSettings` field.
 
-    :ivar model: HF directory, ``.gguf`` file or hub id; ``None`` = the default model.
-    :ivar device: the chosen platform's name (``"auto"`` only before selection).
-    :ivar dtype: compute dtype name; ``"auto"`` until resolved.
-    :ivar quantization: ``None``, ``"int8"`` (weight-only) or ``"gguf"``.
-    :ivar max_model_len: longest sequence (prompt + output) in tokens; ``None`` until resolved.
-    :ivar max_num_batched_tokens: most new tokens per engine step; ``None`` until resolved
-        (then the user's value, or :meth:`plugins.Platform.default_max_num_batched_tokens`).
-    :ivar kv_cache_bytes: KV cache size the user asked for; ``None`` = the platform decides.
-    :ivar kv_cache_dtype: ``--kv-cache-dtype`` (:mod:`plugins.kv_cache`): before resolution one of
-        ``auto``, ``bfloat16``, ``float16``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``; resolved, one of
-        those but ``auto`` and ``fp8``, or the compute dtype's name (for ``auto``).
+    :ivar help: one line for ``--help``, and the field's documentation.
+    :ivar flags: the command-line spellings; empty: ``--`` and the field's name with dashes.
+    :ivar choices: the values accepted (besides a ``None`` default), on the command line and
+        at resolution.
+    :ivar env: an environment variable, read as ``CORE_<env>`` (else ``VLLM_<env>``), that
+        sets the flag's default (:class:`plugins.EnvVar`'s spelling and parsing).
+    :ivar metavar: the value's name in ``--help``.
+    :ivar parse: turns the flag's text into the value (default: the field's type).
+    :ivar positional: also taken as the command's first positional argument (vLLM's
+        ``serve MODEL``); the flag is then hidden from ``--help``.
+    """
+
+    help: str
+    flags: tuple[str, ...] = ()
+    choices: tuple[Any, ...] | None = None
+    env: str | None = None
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+    positional: bool = False
+
+
+def setting(default: Any, help: str, **how: Any) -> Any:
+    """Declare a field of :class:`EngineSettings`: its default and help, plus any other
+    :class:`Setting` key (``flags``, ``choices``, ``env``, ``metavar``, ``parse``, ``positional``)."""
+    return dataclasses.field(default=default, metadata={"setting": Setting(help, **how)})
+
+
+def declared_settings(cls: type) -> list[tuple[dataclasses.Field, Setting]]:
+    """The fields of a settings dataclass made by :func:`setting`, with their metadata, in order."""
+    return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]
+
+
+def gib(text: str) -> int | None:
+    """``--kv-cache-memory``: a size in GiB (fractions allowed) as bytes; 0 leaves it unset."""
+    size = float(text)
+    return int(size * (1 << 30)) if size else None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's settings, as the user gives them. Field names follow vLLM's engine arguments."""
+
+    model: str | None = setting(
+        None, "HF model directory, .gguf file or hub id (default: SmolLM2-135M-Instruct GGUF)", positional=True
+    )
+    device: str = setting("auto", "backend plugin name, or auto (highest-priority available)")
+    dtype: str = setting(
+        "auto", "compute dtype; auto = the platform's first supported one", choices=(*DTYPES, *DTYPE_ALIASES)
+    )
+    quantization: str | None = setting(
+        None,
+        "int8 (weights at load), gguf (kept as in the file), or the method a checkpoint must have "
+        "(default: the checkpoint's own)",
+        flags=("--quantization", "-q"),
+        choices=QUANTIZATIONS,
+    )
+    max_model_len: int | None = setting(None, "longest sequence (prompt + output) in tokens (default: the model's)")
+    max_num_seqs: int = setting(64, "most sequences running at once")
+    max_num_batched_tokens: int | None = setting(
+        None, "most new tokens per engine step (default: the platform's; 2048 unless it sets one)"
+    )
+    block_size: int = setting(16, "tokens per KV cache block")
+    enable_prefix_caching: bool = setting(True, "share the KV blocks of equal prompt prefixes between requests")
+    enable_chunked_prefill: bool = setting(True, "split long prompts over steps within the token budget")
+    seed: int = setting(0, "seed of the random sampling")
+    enforce_eager: bool = setting(False, "disable graph capture / compilation")
+    kv_cache_bytes: int | None = setting(
+        None,
+        "KV cache size in GiB (default: the platform decides)",
+        flags=("--kv-cache-memory",),
+        metavar="GIB",
+        parse=gib,
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        "KV cache storage: auto = the compute dtype; float16 or bfloat16 (half a float32 cache's bytes); "
+        "fp8 (= fp8_e4m3, per-layer scales) or fp8_e5m2: one byte",
+        choices=KV_CACHE_DTYPE_CHOICES,
+    )
+    gpu_memory_utilization: float = setting(0.9, "share of the device's memory the engine may take")
+    served_model_name: str | None = setting(None, "the model's name in the API (default: the model's)")
+    tensor_parallel_size: int = setting(1, "ranks one model is split over", flags=("--tensor-parallel-size", "-tp"))
+    data_parallel_size: int = setting(1, "engine replicas behind one server", flags=("--data-parallel-size", "-dp"))
+    distributed_executor_backend: str = setting(
+        "mp", "how tensor-parallel workers run: processes or Ray actors", choices=EXECUTOR_BACKENDS
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfigView(EngineSettings):
+    """The engine's settings as plugins see them: every :class:`EngineSettings` field (its
+    help says what it holds), settled as the module says, and where this process runs.
+
+    ``device`` is the chosen platform's name; ``kv_cache_bytes`` is in bytes. Resolved,
+    ``dtype`` is one of the platform's ``supported_dtypes`` and ``kv_cache_dtype`` one of its
+    ``supported_kv_cache_dtypes`` or the compute dtype's name (for ``auto``).
+
     :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
     :ivar local_rank: this process's rank on its own machine.
     """
 
-    model: str | None
-    device: str
-    dtype: str
-    quantization: str | None
-    max_model_len: int | None
-    max_num_seqs: int
-    max_num_batched_tokens: int | None
-    block_size: int
-    enable_prefix_caching: bool
-    enable_chunked_prefill: bool
-    seed: int
-    enforce_eager: bool
-    kv_cache_bytes: int | None
-    gpu_memory_utilization: float
-    served_model_name: str | None
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    distributed_executor_backend: str = "mp"
     rank: int = 0
     local_rank: int = 0
-    kv_cache_dtype: str = "auto"
 
     @property
     def world_size(self) -> int:

@@ -46,13 +46,10 @@ def tiny_model_config(config_cls: Any = None, **overrides: Any) -> Any:
 
 
 def engine_config(**overrides: Any) -> EngineConfigView:
-    """A fully resolved :class:`plugins.EngineConfigView` with small defaults, for tests."""
-    fields = dict(
-        model=None, device="reference", dtype="float32", quantization=None, max_model_len=512, max_num_seqs=8,
-        max_num_batched_tokens=512, block_size=16, enable_prefix_caching=True, enable_chunked_prefill=True, seed=0,
-        enforce_eager=False, kv_cache_bytes=None, gpu_memory_utilization=0.9, served_model_name=None,
-    )  # fmt: skip
-    return EngineConfigView(**{**fields, **overrides})
+    """A resolved :class:`plugins.EngineConfigView` for tests: the declared defaults, on the
+    reference platform in float32 with small lengths, and ``overrides``."""
+    small = dict(device="reference", dtype="float32", max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512)
+    return EngineConfigView(**{**small, **overrides})
 
 
 def random_gguf_weight(qtype: str, rows: int, cols: int, seed: int = 0, scale: float = 0.05) -> GGUFWeight:
