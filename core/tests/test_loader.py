@@ -83,6 +83,7 @@ def test_sliding_window_caps_max_model_len_where_attention_ignores_it(tmp_path):
     save_model(Qwen2Config(**TINY, sliding_window=64, use_sliding_window=True), tmp_path / "qwen2")
     loaded = load_model(str(tmp_path / "qwen2"), kernels=Kernels(), dtype=torch.float32, device=CPU)
     assert loaded.max_model_len == 64  # Qwen2's windowed layers are not modelled: capped instead
+    assert loaded.layer_windows == [None] and loaded.kv_window is None
 
 
 def test_mistral_attends_within_its_sliding_window(tmp_path):
@@ -91,6 +92,7 @@ def test_mistral_attends_within_its_sliding_window(tmp_path):
     assert type(loaded.model).__name__ == "MistralForCausalLM"
     assert loaded.max_model_len == 256  # the whole context, each layer windowed
     assert [layer.self_attn.sliding_window for layer in loaded.model.layers] == [64]
+    assert loaded.layer_windows == [64] and loaded.kv_window == 64  # what the scheduler frees blocks behind
 
 
 def test_missing_weights_are_named(tmp_path):

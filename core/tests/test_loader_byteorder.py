@@ -15,9 +15,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from core.distributed.sharding import ShardPlan
 from core.loader.gguf_index import GGUFIndex
 from core.loader.gguf_model import gguf_weights
+from core.partition.sharding import ShardPlan
 from plugins.kernels import GGUFWeight
 
 ROWS, COLS = 6, 64

@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from core.distributed.sharding import ShardPlan, Slice, slice_dense, slice_gguf, split_range
+from core.partition.sharding import ShardPlan, Slice, slice_dense, slice_gguf, split_range
 from plugins.kernels import GGUFWeight
 
 

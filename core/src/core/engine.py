@@ -20,8 +20,7 @@ import torch
 
 from core.block_manager import BlockManager
 from core.config import EngineConfig
-from core.distributed.executor import make_executor
-from core.models.registry import get_model_class
+from core.distributed.launch import make_executor
 from core.outputs import RequestOutput
 from core.request_state import Completion, RequestState, build_request
 from core.resolve import resolve_engine
@@ -63,7 +62,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            kv_window=_kv_window(resolved.model.hf_config),
+            kv_window=self.loaded.kv_window,
         )
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
@@ -259,10 +258,3 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "platform": self.platform.metrics(),
         }
-
-
-def _kv_window(hf_config: Any) -> int | None:
-    """The attention window every layer keeps within (the widest, if they differ), or None
-    when some layer attends to the whole context: then no KV block is ever outside them all."""
-    windows = get_model_class(getattr(hf_config, "architectures", None)).layer_windows(hf_config)
-    return None if not windows or None in windows else max(windows)

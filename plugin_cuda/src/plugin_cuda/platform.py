@@ -26,6 +26,7 @@ class CudaPlatform(plugins.Platform):
     #: FP8 caches run the SDK's torch reference kernels (not the Triton ones)
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8_e4m3", "fp8_e5m2")
     distributed_backend = "nccl"
+    ray_device_key = "GPU"
     env_vars = ENV_VARS
 
     @functools.cached_property

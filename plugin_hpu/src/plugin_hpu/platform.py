@@ -62,6 +62,7 @@ class HpuPlatform(plugins.Platform):
     api_version = 2
     supported_dtypes = ("bfloat16", "float32")
     distributed_backend = "hccl"
+    ray_device_key = "HPU"
     env_vars = _bucket_vars() + (
         EnvVar("SKIP_WARMUP", bool, False, "skip compiling every bucket before serving (first use compiles instead)"),
         EnvVar("GRAPH_RESERVED_MEM", parse_share, 0.1, "share of usable device memory reserved for HPU graphs"),

@@ -70,6 +70,7 @@ class NeuronPlatform(plugins.Platform):
     api_version = 2
     supported_dtypes = ("bfloat16", "float16")  # the Neuron SDK's inference dtypes
     distributed_backend = "xla"  # collectives run over torch-xla's backend on Neuron
+    ray_device_key = "neuron_cores"
     env_vars = (
         EnvVar("NEURON_CONTEXT_LENGTH_BUCKETS", parse_int_list, None, "prompt lengths compiled ahead of time, e.g. 128,512,2048 (default: powers of two from 128, then max_model_len); bare name also read"),
         EnvVar("NEURON_TOKEN_GEN_BUCKETS", parse_int_list, None, "context lengths of token-generation graphs (default as above); bare name also read"),

@@ -94,6 +94,7 @@ class RocmPlatform(plugins.Platform):
     api_version = 2
     supported_dtypes = ("bfloat16", "float16", "float32")
     distributed_backend = "nccl"  # torch's name for RCCL on ROCm
+    ray_device_key = "GPU"
     env_vars = (
         EnvVar("ROCM_GPU_MEMORY_UTILIZATION", parse_fraction, None, "share of GPU memory for weights, activations and KV cache; when set it wins over --gpu-memory-utilization"),
         EnvVar("ROCM_VISIBLE_DEVICES", str, None, "GPU indices to use, exported as HIP_VISIBLE_DEVICES before HIP starts"),

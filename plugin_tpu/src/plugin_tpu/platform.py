@@ -100,6 +100,7 @@ class TpuPlatform(plugins.Platform):
     api_version = 2
     supported_dtypes = ("bfloat16", "float32")
     distributed_backend = "xla"
+    ray_device_key = "TPU"
     env_vars = (
         EnvVar("XLA_CACHE_PATH", str, "~/.cache/core/xla_cache", "directory of the persistent XLA compilation cache"),
         EnvVar("TPU_BUCKET_PADDING_GAP", int, 0, "0: pad token counts to powers of two; N: to multiples of N above N"),

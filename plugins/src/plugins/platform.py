@@ -52,6 +52,9 @@ class Platform:
     env_vars: ClassVar[tuple[EnvVar, ...]] = ()
     #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
     distributed_backend: ClassVar[str] = "gloo"
+    #: the Ray resource one rank reserves under ``--distributed-executor-backend ray``: ``"CPU"``,
+    #: ``"GPU"`` (CUDA, ROCm) or the vendor's key (``"TPU"``, ``"HPU"``, ``"neuron_cores"``)
+    ray_device_key: ClassVar[str] = "CPU"
     #: the byte order of numbers in the platform's tensors: ``"little"``, or ``"big"`` for a
     #: big-endian host (s390x). The loader converts the little-endian bytes it reads from
     #: GGUF files to it (:func:`plugins.byteorder.to_host_order`)

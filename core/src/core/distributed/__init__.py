@@ -1,1 +1,1 @@
-"""Tensor and data parallelism: sharding plans, the model's collectives, worker processes and executors."""
+"""The engine's workers and where they run: one rank's :class:`~core.distributed.worker.Worker`, and the executors that drive one rank in process, one process per rank (``mp``) or one Ray actor per rank (``ray``)."""

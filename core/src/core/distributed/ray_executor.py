@@ -1,7 +1,8 @@
 """``--distributed-executor-backend ray``: one Ray actor per tensor-parallel rank.
 
-The actors live in one placement group (a bundle of one CPU per rank, packed), on
-the Ray instance ``ray.init()`` finds: an existing cluster when ``RAY_ADDRESS`` is set
+The actors live in one placement group (a bundle per rank of one unit of the Ray resource
+the platform names, :attr:`plugins.Platform.ray_device_key`: a CPU, a GPU, a TPU, ...;
+packed), on the Ray instance ``ray.init()`` finds: an existing cluster when ``RAY_ADDRESS`` is set
 (``ray start --head`` on one machine, ``ray start --address`` on the others), else a
 local one it starts. Rank 0's node address is the communicator's rendezvous point, so
 ranks may sit on different machines.
@@ -23,6 +24,19 @@ logger = logging.getLogger(__name__)
 
 # the variables a worker's platform reads travel with the actors (CPU binding, KV space, ...)
 _ENV_PREFIXES = ("CORE_", "VLLM_")
+
+
+def rank_resources(key: str) -> dict[str, Any]:
+    """The ``ray.remote`` options that reserve one unit of Ray resource ``key`` for a rank's actor.
+
+    Ray takes CPUs and GPUs as ``num_cpus``/``num_gpus`` and every other resource by name; an
+    actor on a device reserves no CPU, so it fits its placement-group bundle of that device.
+    """
+    if key == "CPU":
+        return {"num_cpus": 1}
+    if key == "GPU":
+        return {"num_cpus": 0, "num_gpus": 1}
+    return {"num_cpus": 0, "resources": {key: 1}}
 
 
 class RankActor:
@@ -75,18 +89,19 @@ class RayExecutor(RemoteExecutor):
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             ray.init(log_to_driver=True, include_dashboard=False)
-        self.group = placement_group([{"CPU": 1}] * self.num_workers, strategy="PACK")
+        key = platform.ray_device_key
+        self.group = placement_group([{key: 1}] * self.num_workers, strategy="PACK")
         self.actors: list[Any] = []
         try:
             ray.get(self.group.ready(), timeout=60)
         except ray.exceptions.GetTimeoutError:
             self.shutdown()
             raise ValueError(
-                f"Ray could not place {self.num_workers} workers of one CPU each within 60 s: "
-                f"the cluster has {ray.cluster_resources().get('CPU', 0)} CPUs"
+                f"Ray could not place {self.num_workers} workers of one {key} each within 60 s: "
+                f"the cluster has {ray.cluster_resources().get(key, 0)} {key}"
             ) from None
         env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
-        actor_class = ray.remote(num_cpus=1)(RankActor)
+        actor_class = ray.remote(**rank_resources(key))(RankActor)
         for r, worker_config in enumerate(worker_configs(config)):
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r)
             self.actors.append(

@@ -14,9 +14,9 @@ from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
 
-from core.distributed.sharding import ShardPlan, gguf_byte_columns
 from core.loader.cache import cache_root, file_key
 from core.loader.gguf_index import GGUFIndex
+from core.partition.sharding import ShardPlan, gguf_byte_columns
 
 logger = logging.getLogger(__name__)
 

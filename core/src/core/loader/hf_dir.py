@@ -13,7 +13,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from core.distributed.sharding import ShardPlan, slice_dense
+from core.partition.sharding import ShardPlan, slice_dense
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,16 @@ class LoadedModel:
     head_size: int
     max_model_len: int
     weights_bytes: int
+    #: each layer's attention window (None: the whole context)
+    layer_windows: list[int | None]
     load_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The attention window every layer keeps within (the widest, if they differ), or None
+        when some layer attends to the whole context: then no KV block is ever outside them all."""
+        windows = self.layer_windows
+        return None if not windows or None in windows else max(windows)
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,7 @@ def _finish(
         head_size=model.head_size,
         max_model_len=source.max_model_len,
         weights_bytes=model.weights_bytes(),
+        layer_windows=model.layer_windows(config),
     )
 
 

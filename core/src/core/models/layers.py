@@ -16,7 +16,7 @@ from plugins.int_quant import IntWeight, concat_int_weights
 from plugins.kernels import GGUFWeight, Kernels
 from torch import nn
 
-from core.distributed.parallel import TensorParallel
+from core.partition.tensor_parallel import TensorParallel
 
 
 def concat_rows(parts: list[Any]) -> Any:

@@ -18,9 +18,9 @@ from plugins.kernels import GGUFWeight, Kernels
 from plugins.model import LayerDescription, LinearWeights, ModelDescription
 from torch import nn
 
-from core.distributed.parallel import TensorParallel
 from core.models.layers import Attention, GatedMLP, Linear, RMSNorm, concat_rows, held_bytes
 from core.models.rope import build_cos_sin_cache
+from core.partition.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class LlamaForCausalLM(nn.Module):
     Call ``model(input_ids, positions, kv_caches, attn_metadata)`` for the final hidden
     states of a flattened batch, then :meth:`compute_logits` on the rows to sample.
     With a communicator ``comm`` the model is this rank's tensor-parallel shard
-    (:mod:`core.distributed.sharding`); its KV caches hold its own KV heads.
+    (:mod:`core.partition.sharding`); its KV caches hold its own KV heads.
     """
 
     #: the chat template of a checkpoint that brings none (a GGUF file without

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from core.distributed.sharding import ShardPlan
+from core.partition.sharding import ShardPlan
 
 
 class TensorParallel:
