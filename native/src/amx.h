@@ -1,6 +1,6 @@
 // The tile unit's shared pieces (AMX builds): whether the process may use it, the tiles'
 // configuration, and the bfloat16 halves and 32-bit transposes that TDPBF16PS's operand layouts
-// are made with (matvec.cpp's products, attention.cpp's prompt attention).
+// are made with (matvec_amx.h's products, attention_amx.h's prompt attention).
 #pragma once
 
 #if defined(__AMX_BF16__)

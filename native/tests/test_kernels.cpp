@@ -290,7 +290,7 @@ void test_half_rounding(Suite &s) {
 // (cache = BF16 / F16, dtype = F32) is checked likewise: against the values its rows hold as
 // closely as float32, and against the rows as given within the format's rounding.
 // With prompt = 45 (and 7 cached), the prefill is one the AMX build attends on the tile unit
-// (attention.cpp: amx_prompts, from 16 tokens): 3 query tiles, the last of 13 tokens, over 52
+// (attention_amx.h: amx_prompts, from 16 tokens): 3 query tiles, the last of 13 tokens, over 52
 // keys (a last block of 20).
 void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f,
                     long prompt = 5) {

@@ -1,0 +1,312 @@
+// attention.cpp's prompt attention on the tile unit (AMX builds; elsewhere this file adds
+// nothing). A part of attention.cpp's translation unit, included inside its namespace ahead of
+// attend, which hands amx_prompts the batch first. Uses attention.cpp's kMaxHead, kChunk, RowOf
+// and cache_rows, simd.h and amx.h.
+#pragma once
+
+#if defined(__AMX_BF16__)
+// Prompt attention on the tile unit (AMX builds). A sequence with kAmxPrompt or more query tokens
+// (d a multiple of 32) has its K/V rows packed once a kv head into the tiles' operand layouts;
+// then each 16 of its query tokens, one query head at a time, are the columns of S^T = K Q^T over
+// 32 keys at a time (two C tiles: keys as rows), of the online softmax, lane by lane (a token's
+// maximum and sum are a lane's: no reduction across a vector), and of O^T += V^T P^T (one C tile
+// per 16 columns of d, four at a time), transposed back at the end. Float32 compute splits Q, K,
+// P and V into bfloat16 hi + lo and takes three products a multiply (matvec_amx.h's scheme: ~2^-17
+// of a product); bfloat16 compute takes hi . hi alone, P rounded to bfloat16.
+static const long kAmxPrompt = 16;
+static const long kAmxPackMax = 256L << 20;  // bytes of packed K/V a call may take; more: the vector path
+
+// fast_exp (common.h) on 16 lanes
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// 16 values as bfloat16 in the low halves of 32-bit lanes: hi (v rounded) and lo (the rest rounded)
+static inline void split16(__m512 v, __m512i *hi, __m512i *lo) {
+  *hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+  const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(*hi, 16)));
+  *lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(rest));
+}
+
+// 16 keys' rows (valid of them; the rest zeros) as the A tiles of S^T = K Q^T: for each 32-value
+// step s of d, the rows' 32 values as they are; hi, then (float32 compute) lo 512 values on
+template <bool kHiOnly, typename R>
+static inline void amx_pack_keys(const R *const *rows, long valid, long d, uint16_t *dst) {
+  constexpr long parts = kHiOnly ? 1 : 2;
+  for (long s = 0; s < d / 32; ++s)
+    for (long j = 0; j < 16; ++j) {
+      __m512i hi = _mm512_setzero_si512(), lo = hi;
+      if (j < valid) {
+        const __m512 v0 = vw_load(rows[j] + 32 * s), v1 = vw_load(rows[j] + 32 * s + 16);
+        if constexpr (kHiOnly)
+          hi = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+        else
+          split32(v0, v1, &hi, &lo);
+      }
+      _mm512_store_si512(dst + s * parts * 512 + 32 * j, hi);
+      if constexpr (!kHiOnly) _mm512_store_si512(dst + s * parts * 512 + 512 + 32 * j, lo);
+    }
+}
+
+// two rows of 16 values (a, b) as bfloat16 pairs in 32-bit lanes (lane c: a[c], b[c]): hi, and
+// lo = the rest rounded
+static inline void pair16(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
+  __m512i ha, la, hb, lb;
+  split16(a, &ha, &la);
+  split16(b, &hb, &lb);
+  *hi = _mm512_or_si512(ha, _mm512_slli_epi32(hb, 16));
+  *lo = _mm512_or_si512(la, _mm512_slli_epi32(lb, 16));
+}
+
+// 32 keys' rows (valid of them; the rest zeros) as the A tiles of O^T = V^T P^T: for each 16
+// columns c of d, 16 rows (the columns) x 32 keys, keys 2 kk and 2 kk + 1 in lane kk (the keys'
+// pairs, transposed); hi, then (float32 compute) lo 512 values on
+template <bool kHiOnly, typename R>
+static inline void amx_pack_values(const R *const *rows, long valid, long d, uint16_t *dst) {
+  constexpr long parts = kHiOnly ? 1 : 2;
+  for (long c = 0; c < d / 16; ++c) {
+    __m512i hi[16], lo[16], t[16];
+    for (long kk = 0; kk < 16; ++kk) {
+      const __m512 a = 2 * kk < valid ? vw_load(rows[2 * kk] + 16 * c) : _mm512_setzero_ps();
+      const __m512 b = 2 * kk + 1 < valid ? vw_load(rows[2 * kk + 1] + 16 * c) : _mm512_setzero_ps();
+      pair16(a, b, &hi[kk], &lo[kk]);
+    }
+    uint16_t *tile = dst + c * parts * 512;
+    transpose16(hi, t);
+    for (int r = 0; r < 16; ++r) _mm512_store_si512(tile + 32 * r, t[r]);
+    if constexpr (!kHiOnly) {
+      transpose16(lo, t);
+      for (int r = 0; r < 16; ++r) _mm512_store_si512(tile + 512 + 32 * r, t[r]);
+    }
+  }
+}
+
+// C tile C += A B for A's tiles at a (hi; float32 compute: lo 512 values on, their product with
+// B's hi) and B's in tiles 4 (hi) and 5 (lo): S^T's 16 keys += K Q^T for a step of d, or O^T's
+// 16 columns += V^T P^T for 32 keys. TDPBF16PS takes its tiles as literals, hence the cases
+#define CK_AMX_PRODUCTS(C)   \
+  _tile_dpbf16ps(C, 6, 4);   \
+  if constexpr (!kHiOnly) {  \
+    _tile_dpbf16ps(C, 7, 4); \
+    _tile_dpbf16ps(C, 6, 5); \
+  }
+template <int C, bool kHiOnly>
+static inline void amx_tile_products(const uint16_t *a) {
+  _tile_loadd(6, a, 64);
+  if constexpr (!kHiOnly) _tile_loadd(7, a + 512, 64);
+  if constexpr (C == 0) {
+    CK_AMX_PRODUCTS(0)
+  } else if constexpr (C == 1) {
+    CK_AMX_PRODUCTS(1)
+  } else if constexpr (C == 2) {
+    CK_AMX_PRODUCTS(2)
+  } else {
+    CK_AMX_PRODUCTS(3)
+  }
+}
+#undef CK_AMX_PRODUCTS
+
+// One work item: query tokens t0 .. t0 + rows - 1 (rows <= 16) of a sequence, the query heads
+// of kv head kvh, over its packed K (kp) and V (vp). Token r sees keys 0 .. first_visible + r - 1,
+// in a sliding-window layer (window > 0) the last `window` of them.
+// Transposed (keys and columns of d as rows, the 16 tokens as columns), the online softmax's
+// maxima and sums are lane-wise, with no reduction across a vector. The calling thread's tiles
+// are configured (amx_configure).
+template <typename T>
+static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long rows, long first_visible, long window,
+                            long hq, long kvh, long group, long d, float scale, const uint16_t *kp,
+                            const uint16_t *vp) {
+  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
+  constexpr long parts = kHiOnly ? 1 : 2;
+  const long steps = d / 32, cols = d / 16, n_keys = first_visible + rows - 1;
+  const long first_key = window > 0 && first_visible > window ? first_visible - window : 0;  // token 0's first
+  const __mmask16 tokens = (__mmask16)((1u << rows) - 1);
+  alignas(64) uint16_t qt[kMaxHead / 32 * 2 * 512], pt[2 * 512];
+  alignas(64) float sc[32 * 16], ob[64 * 16], acc[kMaxHead * 16];  // [key or column][token]
+  for (long g = 0; g < group; ++g) {
+    const long h = kvh * group + g;
+    for (long s = 0; s < steps; ++s) {  // Q^T's B tiles: a step's 16 pairs of d x 16 tokens, scaled
+      __m512i hi[16], lo[16], t[16];
+      const __m512 sv = _mm512_set1_ps(scale);
+      for (long r = 0; r < 16; ++r) {
+        hi[r] = lo[r] = _mm512_setzero_si512();
+        if (r >= rows) continue;
+        const T *qr = q + (t0 + r) * q_stride + h * d + 32 * s;
+        const __m512 v0 = _mm512_mul_ps(vw_load(qr), sv), v1 = _mm512_mul_ps(vw_load(qr + 16), sv);
+        if constexpr (kHiOnly)
+          hi[r] = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+        else
+          split32(v0, v1, &hi[r], &lo[r]);
+      }
+      transpose16(hi, t);
+      for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(qt + s * parts * 512 + 32 * kk, t[kk]);
+      if constexpr (!kHiOnly) {
+        transpose16(lo, t);
+        for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(qt + s * parts * 512 + 512 + 32 * kk, t[kk]);
+      }
+    }
+    __m512 m = _mm512_set1_ps(-3.0e38f), l = _mm512_setzero_ps();
+    for (long i = 0; i < d; ++i) _mm512_store_ps(acc + 16 * i, _mm512_setzero_ps());
+    for (long j0 = first_key / 32 * 32; j0 < n_keys; j0 += 32) {
+      const long kb = j0 / 32;
+      _tile_zero(0);
+      _tile_zero(1);
+      for (long s = 0; s < steps; ++s) {
+        _tile_loadd(4, qt + s * parts * 512, 64);
+        if constexpr (!kHiOnly) _tile_loadd(5, qt + s * parts * 512 + 512, 64);
+        amx_tile_products<0, kHiOnly>(kp + ((2 * kb) * steps + s) * parts * 512);
+        if (j0 + 16 < n_keys) amx_tile_products<1, kHiOnly>(kp + ((2 * kb + 1) * steps + s) * parts * 512);
+      }
+      _tile_stored(0, sc, 64);
+      _tile_stored(1, sc + 256, 64);
+      // key j0 + j is seen by tokens r >= j0 + j - first_visible + 1 (a sliding window: and
+      // r <= j0 + j + window - first_visible)
+      __mmask16 seen[32];
+      __m512 mx = m;
+      for (long j = 0; j < 32; ++j) {
+        const long from = j0 + j - first_visible + 1, to = window > 0 ? j0 + j + window - first_visible : 15;
+        seen[j] = from <= 0 ? tokens : from >= 16 ? 0 : (__mmask16)(tokens & (0xffffu << from));
+        if (to < 15) seen[j] = to < 0 ? 0 : (__mmask16)(seen[j] & (0xffffu >> (15 - to)));
+        mx = _mm512_mask_max_ps(mx, seen[j], mx, _mm512_load_ps(sc + 16 * j));
+      }
+      const __m512 corr = exp16(_mm512_sub_ps(m, mx));
+      __m512 sum = _mm512_setzero_ps();
+      for (long kk = 0; kk < 16; ++kk) {  // P^T's B tile: 16 pairs of keys x 16 tokens
+        const __m512 p0 = _mm512_maskz_mov_ps(seen[2 * kk], exp16(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk), mx)));
+        const __m512 p1 =
+            _mm512_maskz_mov_ps(seen[2 * kk + 1], exp16(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk + 16), mx)));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        __m512i hi, lo;
+        pair16(p0, p1, &hi, &lo);
+        _mm512_store_si512(pt + 32 * kk, hi);
+        if constexpr (!kHiOnly) _mm512_store_si512(pt + 512 + 32 * kk, lo);
+      }
+      l = _mm512_fmadd_ps(l, corr, sum);
+      m = mx;
+      _tile_loadd(4, pt, 64);
+      if constexpr (!kHiOnly) _tile_loadd(5, pt + 512, 64);
+      for (long c0 = 0; c0 < cols; c0 += 4) {  // O^T += V^T P^T, 64 columns of d at a time
+        const long nc = cols - c0 < 4 ? cols - c0 : 4;
+        const uint16_t *va = vp + (kb * cols + c0) * parts * 512;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        amx_tile_products<0, kHiOnly>(va);
+        if (nc > 1) amx_tile_products<1, kHiOnly>(va + parts * 512);
+        if (nc > 2) amx_tile_products<2, kHiOnly>(va + 2 * parts * 512);
+        if (nc > 3) amx_tile_products<3, kHiOnly>(va + 3 * parts * 512);
+        _tile_stored(0, ob, 64);
+        _tile_stored(1, ob + 256, 64);
+        _tile_stored(2, ob + 512, 64);
+        _tile_stored(3, ob + 768, 64);
+        float *a = acc + 16 * 16 * c0;
+        for (long i = 0; i < 16 * nc; ++i)
+          _mm512_store_ps(a + 16 * i, _mm512_fmadd_ps(_mm512_load_ps(a + 16 * i), corr, _mm512_load_ps(ob + 16 * i)));
+      }
+    }
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
+    for (long c = 0; c < cols; ++c) {  // O's rows: 16 columns of d at a time, transposed back
+      __m512i colv[16], t[16];
+      for (int i = 0; i < 16; ++i) colv[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(acc + 16 * (16 * c + i)), inv));
+      transpose16(colv, t);
+      for (long r = 0; r < rows; ++r) {
+        T *o = out + ((t0 + r) * hq + h) * d + 16 * c;
+        if constexpr (kHiOnly)
+          _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(t[r])));
+        else
+          _mm512_storeu_ps(o, _mm512_castsi512_ps(t[r]));
+      }
+    }
+  }
+}
+
+// The batch's sequences of kAmxPrompt or more query tokens attended on the tile unit (see
+// above): returns flags[num_seqs] of the sequences done (malloc'd), or NULL if none was (too
+// short, d not a multiple of 32, the tiles not allowed, no memory).
+template <typename T, typename C>
+static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C *vc, const int32_t *starts,
+                         const int32_t *seq_lens, const int32_t *tables, long table_stride, long num_seqs, long hq,
+                         long hk, long d, long block_size, float scale, long window, const float *lut, int code,
+                         float k_scale, float v_scale, int nthreads) {
+  typedef typename RowOf<C>::type R;
+  constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
+  constexpr long parts = kHiOnly ? 1 : 2;
+  if (d % 32 || d > kMaxHead || !amx_ready()) return NULL;
+  struct Seq {
+    long s, q_len, n_keys, blocks;  // blocks: of 32 keys
+    uint16_t *kv;                   // per kv head: K's tiles, then V's (blocks * 32 * d * parts values each)
+  };
+  Seq *seqs = (Seq *)malloc(num_seqs * sizeof(Seq));
+  long n = 0, values = 0;
+  for (long s = 0; seqs && s < num_seqs; ++s) {
+    const long q_len = starts[s + 1] - starts[s];
+    if (q_len < kAmxPrompt || seq_lens[s] < q_len) continue;
+    seqs[n] = {s, q_len, seq_lens[s], (seq_lens[s] + 31) / 32, NULL};
+    values += seqs[n++].blocks * 32 * d * parts * 2 * hk;
+  }
+  uint16_t *packed = n && values * 2 <= kAmxPackMax ? (uint16_t *)aligned_alloc(64, values * 2) : NULL;
+  if (!packed) {
+    free(seqs);
+    return NULL;
+  }
+  long pack_items = 0, items = 0;
+  for (long i = 0, at = 0; i < n; ++i) {
+    seqs[i].kv = packed + at;
+    at += seqs[i].blocks * 32 * d * parts * 2 * hk;
+    pack_items += seqs[i].blocks * hk;
+    items += (seqs[i].q_len + 15) / 16 * hk;
+  }
+  const long kv_values = 32 * d * parts;  // a block of 32 keys' K (or V) tiles
+  parallel_for(pack_items, 4, nthreads, true, [&](long lo, long hi) {  // (sequence, kv head, 32 keys)
+    for (long item = lo; item < hi; ++item) {
+      long i = 0, rest = item;
+      while (rest >= seqs[i].blocks * hk) rest -= seqs[i++].blocks * hk;
+      const Seq &sq = seqs[i];
+      const long kvh = rest / sq.blocks, kb = rest % sq.blocks, j0 = 32 * kb;
+      const long valid = sq.n_keys - j0 < 32 ? sq.n_keys - j0 : 32;
+      const R *krow[kChunk], *vrow[kChunk];
+      float kbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead], vbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead];
+      cache_rows<C, R>(kc, vc, tables + sq.s * table_stride, j0, valid, block_size, hk, kvh, d, lut, code, k_scale,
+                       v_scale, kbuf, vbuf, krow, vrow);
+      uint16_t *kp = sq.kv + kvh * 2 * sq.blocks * kv_values, *vp = kp + sq.blocks * kv_values;
+      amx_pack_keys<kHiOnly, R>(krow, valid, d, kp + kb * kv_values);
+      amx_pack_keys<kHiOnly, R>(krow + 16, valid - 16, d, kp + kb * kv_values + kv_values / 2);
+      amx_pack_values<kHiOnly, R>(vrow, valid, d, vp + kb * kv_values);
+    }
+  });
+  const long group = hq / hk;
+  parallel_for(items, 1, nthreads, true, [&](long lo, long hi) {  // (sequence, 16 tokens, kv head)
+    amx_configure();
+    for (long item = lo; item < hi; ++item) {
+      long i = 0, rest = item;
+      while (rest >= (seqs[i].q_len + 15) / 16 * hk) rest -= (seqs[i++].q_len + 15) / 16 * hk;
+      const Seq &sq = seqs[i];
+      const long tiles = (sq.q_len + 15) / 16, qt = tiles - 1 - rest / hk, kvh = rest % hk;  // the longest first
+      const long r0 = 16 * qt, rows = sq.q_len - r0 < 16 ? sq.q_len - r0 : 16;
+      const uint16_t *kp = sq.kv + kvh * 2 * sq.blocks * kv_values, *vp = kp + sq.blocks * kv_values;
+      amx_prompt_item<T>(out, q, q_stride, starts[sq.s] + r0, rows, sq.n_keys - sq.q_len + r0 + 1, window, hq, kvh,
+                         group, d, scale, kp, vp);
+    }
+    _tile_release();
+  });
+  bool *done = (bool *)calloc(num_seqs, sizeof(bool));
+  for (long i = 0; done && i < n; ++i) done[seqs[i].s] = true;
+  free(packed);
+  free(seqs);
+  return done;
+}
+#endif
