@@ -104,9 +104,7 @@ def first_argmax(x: torch.Tensor, block: int = 128) -> torch.Tensor:
     The same indices as ``x.max(dim=-1).indices``, found in two passes: the maximum of
     every ``block`` columns (``amax``, a plain vectorized reduction), then the first
     maximum inside each row's first winning block. ``max(dim)`` tracks an index per
-    element; ``amax`` does not. [32, 49152] float32 on one CPU thread: 0.26 ms against
-    0.74 ms (``max(dim)``) and 2.1 ms (``argmax``); in a 32-row decode step, where the
-    logits come cold from the lm_head, the step's Python share fell from 3.2 to 2.2 ms.
+    element; ``amax`` does not, so on a CPU the two passes beat ``max(dim)`` and ``argmax``.
     """
     rows, width = x.shape
     whole = width // block * block

@@ -86,7 +86,7 @@ def process_cpus() -> list[int]:
 
     Binding pins the calling thread; a thread it starts later (the server's engine
     thread) and a second engine built in the same thread would otherwise take that
-    pinned set for all the process has (a second ``LLM`` decoded 1.8x slower on one core).
+    pinned set for all the process has (a second ``LLM`` would plan, and decode on, one core).
     """
     global _process_cpus
     if _process_cpus is None:

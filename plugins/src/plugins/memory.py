@@ -52,8 +52,7 @@ class MemoryProfiler:
     #: largest batch: the engine runs that pass (through :meth:`measure_peak`) only when
     #: True, and passes a peak of 0 otherwise. A host-memory profiler whose budget is a
     #: fixed size or a share of free memory that leaves room for the activations may say
-    #: False: on a CPU that pass is the longest part of start-up (~8 s for 2048 tokens of
-    #: a 135M model on 2 cores).
+    #: False: on a CPU that pass is the longest part of start-up.
     needs_profile_run: bool = True
 
     def __init__(self, platform: Any) -> None:

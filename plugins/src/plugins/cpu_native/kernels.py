@@ -38,7 +38,7 @@ def cache_code(dtype: torch.dtype, cache_dtype: torch.dtype) -> int | None:
 def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
     """``(rows, columns, row stride)`` of ``x`` read as rows of its last dimension, or None
     if its layout is not expressible that way. Contiguous tensors (the decode step's case,
-    ~30-120 calls a token) are answered with the fewest torch calls: each costs ~0.3-5 us."""
+    ~30-120 calls a token) are answered with the fewest torch calls: each one's overhead counts."""
     if x.is_contiguous():
         n = x.shape[-1]
         return (x.numel() // n if n else 0), n, n
@@ -49,8 +49,8 @@ def _rows(x: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 def _empty(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A new contiguous tensor of ``x``'s dtype (``new_empty`` with a tuple: ~2 us less per
-    call than ``torch.empty(size, dtype=...)``, which adds up over a decode step's ~400 calls)."""
+    """A new contiguous tensor of ``x``'s dtype (``new_empty`` with a tuple: cheaper per call
+    than ``torch.empty(size, dtype=...)``, which adds up over a decode step's ~400 calls)."""
     return x.new_empty(shape)
 
 

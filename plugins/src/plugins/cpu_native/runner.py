@@ -1,7 +1,7 @@
 """The CPU plugins' runner: forward passes of Llama-family models as one native call a step.
 
 The eager forward of core's Llama decoder (also Qwen2 and Mistral) calls ~12 kernels a
-layer from Python, 10-20 us each: at batch 1 on a 135M model that is as long as the
+layer from Python: at batch 1 on a 135M model their overhead takes as long as the
 kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same order, to
 ``ck_<isa>_decode`` (native/src/decode.cpp) with the weights and caches described once
 (from the model's :class:`plugins.model.ModelDescription`), so a step costs one Python
