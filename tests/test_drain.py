@@ -25,7 +25,7 @@ def test_sigterm_lets_the_request_in_flight_finish(tiny_llama, start_server):
         chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["length"]
         assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 150 and events[-1] == "data: [DONE]"
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        assert server.proc.wait(30) == 0  # a stop that was asked for, and drained: success
         assert "draining" in server.log
     finally:
         server.stop()

@@ -234,7 +234,34 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", None, 400, "min_tokens > max_tokens", {"max_tokens": 2, "min_tokens": 5}),
     ("/v1/chat/completions", None, 404, "unknown model", {"model": "gpt-4"}),
     ("/detokenize", {"tokens": [10**9]}, 400, "token outside the vocabulary", {}),
+    # every input error is a 400 before any stream begins (issue 45)
+    ("/v1/completions", None, 400, "streamed token id outside the vocabulary", {"prompt": [1, 10**9], "stream": True}),
+    ("/v1/completions", None, 400, "streamed beyond the model length", {"max_tokens": MAX_MODEL_LEN, "stream": True}),
+    ("/v1/completions", None, 400, "booleans as token ids", {"prompt": [True, 2]}),
+    ("/v1/completions", None, 400, "a boolean n", {"n": True}),
+    ("/v1/completions", None, 400, "more prompts than the queue ever holds", {"prompt": ["a"] * (MAX_QUEUE_LEN + 1)}),
+    ("/v1/completions", None, 400, "lone surrogate", {"prompt": "hi \ud800"}),
+    ("/v1/completions", None, 400, "streamed lone surrogate", {"prompt": "hi \ud800", "stream": True}),
+    ("/v1/completions", None, 400, "lone surrogate stop", {"stop": ["\udfff"]}),
+    ("/tokenize", {"prompt": "hi \ud800"}, 400, "lone surrogate to tokenize", {}),
+    ("/v1/chat/completions", None, 400, "lone surrogate in a message", {"messages": [{"role": "user", "content": "\ud800"}]}),
+    ("/v1/chat/completions", None, 400, "request template untrusted", {"chat_template": "{{ messages }}"}),
+    ("/v1/chat/completions", None, 400, "template kwargs replace messages", {"chat_template_kwargs": {"messages": []}}),
+    ("/tokenize", {"tokens": [True]}, 400, "neither prompt nor messages", {}),
+    ("/detokenize", {"tokens": [True]}, 400, "a boolean token", {}),
 ]  # fmt: skip
+
+# what the 400s above must name (the field, and for a few, the words a user needs)
+EXPECTED_WORDS = {
+    "streamed token id outside the vocabulary": ["prompt", "vocabulary"],
+    "booleans as token ids": ["prompt", "a list of integers"],
+    "more prompts than the queue ever holds": ["--max-queue-len"],
+    "lone surrogate": ["prompt", "surrogate"],
+    "streamed lone surrogate": ["prompt", "surrogate"],
+    "lone surrogate in a message": ["messages.0.content", "surrogate"],
+    "request template untrusted": ["--trust-request-chat-template"],
+    "image part": ["text only"],
+}
 
 
 @pytest.mark.parametrize(("path", "base", "status", "why", "fields"), BAD_REQUESTS, ids=[b[3] for b in BAD_REQUESTS])
@@ -244,10 +271,34 @@ def test_bad_request_answers_in_openai_shape(http, path, base, status, why, fiel
     )
     body.update(fields)
     body = {k: v for k, v in body.items() if v is not None}
-    response = http.post(path, json=body)
+    # json.dumps escapes lone surrogates (as \ud800) where httpx's json= cannot encode them
+    response = http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    for word in EXPECTED_WORDS.get(why, ()):
+        assert word in error["message"], error
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty", "presence_penalty", "min_p"])
+@pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN"])
+def test_non_finite_sampling_values_are_400(http, field, value):
+    """Python's JSON parser reads Infinity and NaN: they are refused by name, not sampled with."""
+    content = json.dumps(_completion()).replace("{", f'{{"{field}": {value}, ', 1)
+    response = http.post("/v1/completions", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field and "finite" in response.json()["error"]["message"]
+
+
+def test_openapi_documents_the_statuses_served(http):
+    schema = http.get("/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert "422" not in responses and {"200", "400", "401", "404", "413", "503"} <= set(responses), path
+        assert responses["400"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorResponse"
+        }
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
 
 
 def test_malformed_json_and_wrong_shapes(http):
@@ -411,4 +462,4 @@ def test_sigterm_ends_streams_and_exits(server):
         if e.startswith("data: {") and '"choices":[{' in e
     ]
     assert "abort" in finishes and events[-1] == "data: [DONE]"
-    assert server.proc.wait(20) in (0, -signal.SIGTERM)
+    assert server.proc.wait(20) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ import uvicorn
 from core.async_engine import AsyncEngine
 from core.cli import chat_template_arg
 from core.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from core.server.app import build_app
+from core.server.app import _Server, build_app
 from core.server.frontend import Frontend
 from core.server.protocol import ChatMessage
 
@@ -268,3 +269,19 @@ def test_serve_chat_template_is_the_default_of_chat_requests(tmp_path):
 
     # the server's template; the model's own; a request's own (trusted)
     assert asyncio.run(render()) == ["$hi", "<user>hi>", "user!"]
+
+
+def test_the_ready_line_names_the_address_bound(caplog):
+    """Bound to every interface, the line says so (0.0.0.0, reachable from other machines), not "localhost"."""
+    fe = Frontend(AsyncEngine(FakeEngine), "fake", max_queue_len=4)
+    config = uvicorn.Config(build_app(fe), host="0.0.0.0", port=0, log_level="warning", lifespan="on")
+    server = _Server(config, fe, drain_timeout=0)
+    thread = threading.Thread(target=server.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="core.server.app"):
+        thread.start()
+        while not server.started and thread.is_alive():
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        server.should_exit = True
+        thread.join(10)
+    assert f"ready: serving on http://0.0.0.0:{port} (every network interface" in caplog.text, caplog.text

@@ -159,8 +159,8 @@ class _Server(uvicorn.Server):
                 url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
                 if host in ("0.0.0.0", "::"):
                     logger.info(
-                        "ready: serving on %s: every network interface, reachable from other machines "
-                        "(--host 127.0.0.1 for this machine only); here: http://localhost:%d (Ctrl+C to stop)",
+                        "ready: serving on %s (every network interface: reachable from other machines; "
+                        "--host 127.0.0.1 for this machine only); here: http://localhost:%d (Ctrl+C to stop)",
                         url,
                         port,
                     )
