@@ -51,7 +51,7 @@ class TemplateBudget:
 
     timeout_s: float = 2.0
     max_output_bytes: int = 16 << 20
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = 512 << 20
 
 
 def render(
