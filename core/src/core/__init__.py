@@ -6,11 +6,12 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 if TYPE_CHECKING:
     from core.llm import LLM
     from core.sampling_params import SamplingParams
+    from core.structured import StructuredOutputsParams
 
 
 def __getattr__(name: str):
@@ -23,4 +24,8 @@ def __getattr__(name: str):
         from core.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from core.structured import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(f"module 'core' has no attribute {name!r}")

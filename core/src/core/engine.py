@@ -27,6 +27,8 @@ from core.resolve import resolve_engine
 from core.sampler import Sampler, SamplerOutput, SamplingState
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSeq, Scheduler
+from core.sequence import SequenceStatus
+from core.structured import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 # engines gc.freeze() what they keep (LLMEngine.__init__); at exit it goes back to the
@@ -65,6 +67,12 @@ class LLMEngine:
             kv_window=self.loaded.kv_window,
         )
         self.sampler = Sampler()
+        self.structured = StructuredOutputs(
+            config.structured_outputs_backend,
+            self.tokenizer,
+            self.loaded.hf_config.vocab_size,
+            self.loaded.eos_token_ids,
+        )
         self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()
         self._by_seq: dict[int, tuple[RequestState, Completion]] = {}
@@ -148,6 +156,10 @@ class LLMEngine:
                 f"request needs {num_tokens} tokens of KV cache; the whole cache holds "
                 f"{self.kv_plan.num_blocks * self.config.block_size}"
             )
+        spec = state.params.structured_outputs
+        if spec is not None:  # compiled once (cached): the server compiled it already, off this thread
+            for c in state.completions:
+                c.matcher = self.structured.matcher(spec)
         self.requests[request_id] = state
         for c in state.completions:
             self._by_seq[c.seq.seq_id] = (state, c)
@@ -187,14 +199,21 @@ class LLMEngine:
         for row, (state, c) in enumerate(entries):
             if c.seq.is_finished:
                 continue  # aborted after it was scheduled: it got no token
+            token_id = token_ids[c.seq.seq_id]
+            if c.matcher is not None and not c.matcher.accept(token_id):
+                logger.error("request %s: its grammar refused sampled token %d; it ends", state.request_id, token_id)
+                self.scheduler.finish(c.seq, SequenceStatus.FINISHED_ABORTED)
+                continue
             status = state.record_token(
                 c,
-                token_ids[c.seq.seq_id],
+                token_id,
                 sampled.logprobs[row],
                 sampled.ranks[row],
                 sampled.top_logprobs[row],
                 capped=self.scheduler.is_capped(c.seq),
             )
+            if status is None and c.matcher is not None and c.matcher.is_terminated():
+                status = SequenceStatus.FINISHED_STOPPED  # the grammar is complete (its stop token ignored)
             if status is not None:
                 self.scheduler.finish(c.seq, status)
         return self._outputs({state.request_id: state for state, _ in entries})
@@ -210,6 +229,10 @@ class LLMEngine:
     def _sample(self, logits: torch.Tensor, entries: list[tuple[RequestState, Completion]]) -> SamplerOutput | None:
         if not entries:
             return None
+        mask = self.structured.bitmask([c.matcher for _, c in entries])
+        if mask is not None:
+            with torch.inference_mode():  # the logits are the runner's inference tensor
+                self.platform.kernels.apply_token_bitmask(logits, *mask)
         states = [
             SamplingState(
                 params=state.params,

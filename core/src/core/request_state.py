@@ -37,6 +37,7 @@ class Completion:
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     stop_reason: str | int | None = None
+    matcher: Any = None  # its grammar's matcher, for a request with structured outputs
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from core.structured.params import StructuredOutputsParams
+
 # Below this a temperature is treated as zero (greedy), as in vLLM.
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
@@ -42,6 +44,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +90,10 @@ class SamplingParams:
             if tid < 0:
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {tid}")
             _check_range(f"logit_bias[{tid}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
+            )
 
     @property
     def is_greedy(self) -> bool:

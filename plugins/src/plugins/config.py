@@ -43,6 +43,8 @@ KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 #: checkpoint's ``quantization_config`` must have
 QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
 EXECUTOR_BACKENDS = ("mp", "ray")
+#: grammar libraries of structured outputs (``auto``: xgrammar when installed, else llguidance)
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,11 @@ class EngineSettings:
     data_parallel_size: int = setting(1, "engine replicas behind one server", flags=("--data-parallel-size", "-dp"))
     distributed_executor_backend: str = setting(
         "mp", "how tensor-parallel workers run: processes or Ray actors", choices=EXECUTOR_BACKENDS
+    )
+    structured_outputs_backend: str = setting(
+        "auto",
+        "grammar library of structured outputs: xgrammar, guidance (llguidance), or auto (xgrammar when installed)",
+        choices=STRUCTURED_OUTPUTS_BACKENDS,
     )
 
 

@@ -20,6 +20,7 @@ from plugins.gguf_quants import dequantize
 from plugins.int_quant import INT_FORMATS, IntWeight
 from plugins.kv_cache import as_bytes, calibrate, quantize
 from plugins.kv_cache import dequantize as dequantize_kv
+from plugins.moe import ExpertWeights, grouped_experts
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,23 @@ class Kernels:
         """``gelu(x[:, :I], approximate="tanh") * x[:, I:]`` for ``x [T, 2I]`` (Gemma's MLP)."""
         gate, up = x.float().chunk(2, dim=-1)
         return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
+
+    def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+        """(optional) Structured outputs: forbid, in place, the tokens a grammar does not allow next.
+
+        :param logits: ``[N, V]`` float logits of the step's sampled rows.
+        :param bitmask: int32 ``[len(rows), ceil(V / 32)]`` on the host: bit ``t % 32`` of word
+            ``t // 32`` of row ``j`` is 1 when token ``t`` is allowed in ``logits[rows[j]]``.
+        :param rows: which rows of ``logits`` the bitmask's rows are, in order.
+
+        Every forbidden logit becomes ``-inf``; other rows and allowed logits are untouched.
+        """
+        width = logits.shape[1]
+        bits = torch.arange(32, dtype=torch.int32)
+        allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :width]  # [R, V]
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        masked = logits.index_select(0, index).masked_fill_(~allowed.to(logits.device), float("-inf"))
+        logits.index_copy_(0, index, masked)
 
     def write_kv_cache(
         self,
@@ -199,3 +217,21 @@ class Kernels:
         if isinstance(weight, IntWeight):
             return weight.reference_linear(x, bias)
         return F.linear(x, weight, bias)
+
+    def prepare_experts(self, experts: ExpertWeights, quantization: str | None) -> Any:
+        """Turn a MoE layer's stacked experts into the form :meth:`fused_moe` takes (called once
+        at load; a backend may repack them). ``quantization`` as for :meth:`prepare_linear`;
+        GGUF experts come as ``GGUFWeight`` stacks when ``"gguf"`` is in :attr:`supported_quantizations`.
+        The reference keeps them as they are (GGUF rows are dequantized per call)."""
+        return experts
+
+    def fused_moe(
+        self, x: torch.Tensor, experts: Any, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The expert products of a batch: ``sum_k topk_weights[t, k] * down_e(silu(gate_e x[t]) * up_e x[t])``
+        with ``e = topk_ids[t, k]``, for ``x [T, H]``, ``topk_weights`` float32 ``[T, k]`` and
+        ``topk_ids`` int64 ``[T, k]`` (distinct experts per token); returns ``[T, H]`` in ``x``'s
+        dtype. ``experts`` as :meth:`prepare_experts` returned them. Under tensor parallelism
+        each rank holds a slice of every expert's intermediate dimension and returns its
+        partial sum (core adds the ranks' sums)."""
+        return grouped_experts(x, experts, topk_weights, topk_ids)

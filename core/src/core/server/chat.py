@@ -44,8 +44,6 @@ class ChatHandler(Handler):
         fe.check_model(req.model)
         if req.tools:
             raise bad_request("tools (function calling) are not supported", "tools")
-        if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            raise bad_request("response_format other than {'type': 'text'} is not supported", "response_format")
         params = chat_params(req, fe.vocab_size)
         ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template, req.chat_template_kwargs)
         fe.check_length(len(ids), params.max_tokens)

@@ -33,8 +33,12 @@ from core.server.chat_templates import (
 )
 from core.server.errors import APIError, bad_request
 from core.server.metrics import RequestTracker, ServerMetrics
+from core.structured import StructuredOutputsParams
 
 _KNOWN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+#: seconds a request's structured outputs grammar may take to compile
+COMPILE_TIMEOUT_S = 10.0
 
 #: a text prompt longer than this many characters a token of the context is tokenized in two
 #: steps: first that many characters a token; a prefix with twice the context's tokens proves the
@@ -347,6 +351,19 @@ class Frontend:
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
+    async def _compile(self, engine: AsyncEngine, spec: StructuredOutputsParams) -> None:
+        """Compile a request's grammar on a front-end thread (the engine then finds it cached):
+        400 when it is not valid or takes longer than :data:`COMPILE_TIMEOUT_S`."""
+        param = "structured_outputs"
+        try:
+            await asyncio.wait_for(self._in_tokenizer_thread(engine.engine.structured.compile, spec), COMPILE_TIMEOUT_S)
+        except TimeoutError:
+            raise bad_request(
+                f"the {spec.kind} constraint did not compile within {COMPILE_TIMEOUT_S:g} s: simplify it", param
+            ) from None
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from None
+
     async def start(
         self, requests: list[tuple[str, SamplingParams, list[int]]], arrival_time: float
     ) -> list[TrackedStream]:
@@ -378,6 +395,8 @@ class Frontend:
         self.queued[replica] += 1
         self.pending[replica] += 1
         try:
+            if params.structured_outputs is not None:
+                await self._compile(self.replicas[replica], params.structured_outputs)
             stream = await self.replicas[replica].add_request(
                 request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time
             )

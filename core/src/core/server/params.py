@@ -11,6 +11,7 @@ from typing import Any
 from core.sampling_params import SamplingParams
 from core.server.errors import bad_request
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from core.structured import StructuredOutputsParams
 
 _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _ALWAYS = (
@@ -44,6 +45,27 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, floa
     return bias
 
 
+def _structured(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The request's output constraint: ``response_format`` (OpenAI's) or ``structured_outputs`` (vLLM's)."""
+    response_format = req.response_format
+    if response_format is not None and response_format.type == "text":
+        response_format = None
+    if response_format is not None and req.structured_outputs is not None:
+        raise bad_request("send response_format or structured_outputs, not both", "structured_outputs")
+    try:
+        if req.structured_outputs is not None:
+            return StructuredOutputsParams.from_dict(req.structured_outputs)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(str(exc), "structured_outputs") from None
+    if response_format is None:
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if response_format.json_schema is None or response_format.json_schema.json_schema is None:
+        raise bad_request("response_format json_schema needs json_schema.schema", "response_format.json_schema")
+    return StructuredOutputsParams(json=response_format.json_schema.json_schema)
+
+
 def _common(req: SamplingFields, vocab_size: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = {name: getattr(req, name) for name in _ALWAYS}
     kwargs.update({name: getattr(req, name) for name in _OPTIONAL if getattr(req, name) is not None})
@@ -51,6 +73,7 @@ def _common(req: SamplingFields, vocab_size: int) -> dict[str, Any]:
         if tid >= vocab_size:
             raise bad_request(f"stop_token_ids holds {tid}, outside the vocabulary [0, {vocab_size})", "stop_token_ids")
     kwargs["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
+    kwargs["structured_outputs"] = _structured(req)
     return kwargs
 
 

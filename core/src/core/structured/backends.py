@@ -1,0 +1,223 @@
+"""Grammar backends: compile a :class:`StructuredOutputsParams` once, then one matcher a sequence.
+
+Two libraries do the work, behind the same two calls (:meth:`compile`, :meth:`matcher`):
+llguidance (``guidance``, a dependency of core: no further dependencies) and xgrammar
+(``pip install xgrammar``; it brings torch's Triton, about 1 GB). A bad schema, regex or
+grammar, or a JSON-schema keyword the backend would not enforce, raises ``ValueError``
+with the backend's message (the server's 400).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any, Protocol
+
+import torch
+from plugins.config import STRUCTURED_OUTPUTS_BACKENDS as BACKENDS
+
+from core.structured.params import StructuredOutputsParams
+
+
+class Matcher(Protocol):
+    """One sequence's place in its grammar."""
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (int32, bit ``t % 32`` of word ``t // 32``)."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by a sampled token; False when the grammar does not allow it."""
+
+    def is_terminated(self) -> bool:
+        """Whether the grammar has ended (its stop token was accepted)."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of ``spec`` (thread-safe; ``ValueError`` when it is not valid)."""
+
+    def matcher(self, grammar: Any) -> Matcher:
+        """A fresh matcher at the start of ``grammar``."""
+
+
+def choose_backend(name: str) -> str:
+    """``auto``: xgrammar when it is installed, else llguidance."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown structured outputs backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        return "xgrammar" if importlib.util.find_spec("xgrammar") is not None else "guidance"
+    return name
+
+
+def make_backend(name: str, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Backend:
+    """The backend ``name`` (see :func:`choose_backend`) for this tokenizer and the model's ``vocab_size``."""
+    name = choose_backend(name)
+    if name == "xgrammar":
+        if importlib.util.find_spec("xgrammar") is None:
+            raise ValueError("--structured-outputs-backend xgrammar needs xgrammar: pip install xgrammar")
+        return XGrammarBackend(tokenizer, vocab_size, eos_token_ids)
+    return GuidanceBackend(tokenizer, vocab_size, eos_token_ids)
+
+
+def _choice_lark(choices: tuple[str, ...]) -> str:
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+# -- llguidance ------------------------------------------------------------------------------
+class _GuidanceMatcher:
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        from llguidance.torch import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        return self._matcher.consume_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_stopped()
+
+
+class GuidanceBackend:
+    """llguidance: JSON schema, regex, choice, Lark and GBNF grammars."""
+
+    name = "guidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        import llguidance.hf
+
+        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+
+    def compile(self, spec: StructuredOutputsParams) -> str:
+        from llguidance import LLMatcher, gbnf_to_lark
+
+        kind = spec.kind
+        try:
+            if kind in ("json", "json_object"):
+                schema = spec.json if kind == "json" else {"type": "object"}
+                grammar = LLMatcher.grammar_from_json_schema(
+                    json.dumps(schema), defaults={"whitespace_flexible": False}
+                )
+            elif kind == "regex":
+                grammar = LLMatcher.grammar_from_regex(spec.regex)
+            elif kind == "choice":
+                grammar = LLMatcher.grammar_from_lark(_choice_lark(spec.choice))
+            elif kind == "grammar":
+                text = gbnf_to_lark(spec.grammar) if "::=" in spec.grammar else spec.grammar
+                grammar = LLMatcher.grammar_from_lark(text)
+            else:
+                raise ValueError("structural_tag needs --structured-outputs-backend xgrammar")
+        except ValueError:
+            raise
+        except Exception as exc:  # the library's own parse errors
+            raise ValueError(f"structured_outputs.{kind}: {exc}") from None
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+        if is_error:
+            raise ValueError(f"structured_outputs.{kind}: {messages[0] if messages else 'invalid'}")
+        return grammar
+
+    def matcher(self, grammar: str) -> Matcher:
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self._tokenizer, grammar)
+        if matcher.is_error():
+            raise ValueError(f"structured outputs: {matcher.get_error()}")
+        return _GuidanceMatcher(matcher)
+
+
+# -- xgrammar --------------------------------------------------------------------------------
+#: JSON-schema keywords xgrammar reads without enforcing them: refused by name
+_XGRAMMAR_UNENFORCED = frozenset({"not", "if", "then", "else", "dependentSchemas", "$dynamicRef", "$recursiveRef"})
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = (
+    "items",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "contains",
+    "additionalItems",
+)
+
+
+def check_xgrammar_schema(schema: Any, path: str = "#") -> None:
+    """``ValueError`` naming the first keyword of ``schema`` xgrammar would silently not enforce."""
+    if not isinstance(schema, dict):
+        return
+    for key in _XGRAMMAR_UNENFORCED & schema.keys():
+        raise ValueError(f"JSON schema keyword {key!r} at {path} is not enforced by the xgrammar backend")
+    if len(schema.get("allOf", ())) > 1:
+        raise ValueError(f"JSON schema keyword 'allOf' with several schemas at {path} is not enforced by xgrammar")
+    if schema.get("format") == "regex":
+        raise ValueError(f"JSON schema 'format': 'regex' at {path} is not enforced by the xgrammar backend")
+    for key in _SCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            check_xgrammar_schema(sub, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or ()):
+            check_xgrammar_schema(sub, f"{path}/{key}/{i}")
+    for key in _SCHEMA_VALUES:
+        check_xgrammar_schema(schema.get(key), f"{path}/{key}")
+
+
+class _XGrammarMatcher:
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+
+class XGrammarBackend:
+    """xgrammar: JSON schema, regex, choice, GBNF/EBNF grammars and structural tags."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
+        )
+        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True)
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        kind, compiler = spec.kind, self._compiler
+        try:
+            if kind == "json":
+                check_xgrammar_schema(spec.json)
+                return compiler.compile_json_schema(json.dumps(spec.json), any_whitespace=False)
+            if kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return compiler.compile_regex(spec.regex)
+            if kind == "choice":
+                return compiler.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+                )
+            if kind == "grammar":
+                if "::=" not in spec.grammar:
+                    raise ValueError(
+                        "xgrammar reads GBNF/EBNF grammars (root ::= ...); Lark needs the guidance backend"
+                    )
+                return compiler.compile_grammar(spec.grammar)
+            return compiler.compile_structural_tag(json.dumps(spec.structural_tag))
+        except ValueError:
+            raise
+        except Exception as exc:  # the library's own parse errors (RuntimeError)
+            raise ValueError(f"structured_outputs.{kind}: {exc}") from None
+
+    def matcher(self, grammar: Any) -> Matcher:
+        import xgrammar
+
+        return _XGrammarMatcher(xgrammar.GrammarMatcher(grammar))

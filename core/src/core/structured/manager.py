@@ -1,0 +1,70 @@
+"""The engine's structured outputs: grammars compiled once, a matcher a sequence, a bitmask a step."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from core.structured.backends import Backend, Matcher, make_backend
+from core.structured.params import StructuredOutputsParams
+
+#: compiled grammars kept (least recently used dropped first)
+CACHE_SIZE = 256
+
+
+class StructuredOutputs:
+    """Compiles constraints (thread-safe, cached by :attr:`StructuredOutputsParams.key`) and
+    turns the step's matchers into one packed bitmask.
+
+    The backend (its tokenizer tables take about a second to build) is made at the first
+    constrained request, not at start-up.
+    """
+
+    def __init__(self, backend: str, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.backend_name = backend
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self._backend: Backend | None = None
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _get_backend(self) -> Backend:
+        with self._lock:
+            if self._backend is None:
+                if self.tokenizer is None:
+                    raise ValueError("structured outputs need the model's tokenizer (this engine has none)")
+                self._backend = make_backend(self.backend_name, self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._backend
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of ``spec``; ``ValueError`` (with the backend's message) when it is not valid."""
+        backend = self._get_backend()
+        with self._lock:
+            if spec.key in self._cache:
+                self._cache.move_to_end(spec.key)
+                return self._cache[spec.key]
+        grammar = backend.compile(spec)  # outside the lock: compiles of different specs run side by side
+        with self._lock:
+            self._cache[spec.key] = grammar
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, spec: StructuredOutputsParams) -> Matcher:
+        """A matcher at the start of ``spec``'s grammar, for one sequence."""
+        return self._get_backend().matcher(self.compile(spec))
+
+    def bitmask(self, matchers: Sequence[Matcher | None]) -> tuple[torch.Tensor, list[int]] | None:
+        """The packed int32 bitmask [R, ceil(V / 32)] of the R rows that have a matcher, and those rows; None if none."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return None
+        bitmask = torch.empty((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
+        for j, i in enumerate(rows):
+            matchers[i].fill_bitmask(bitmask, j)  # type: ignore[union-attr]
+        return bitmask, rows
