@@ -18,7 +18,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "core"
 
 #: core's parts (top-level modules and packages), bottom layer first
 LAYERS: list[set[str]] = [
-    {"config", "sampling_params", "outputs", "sequence", "detokenizer", "discovery"},
+    # structured outputs' request params ride in SamplingParams: the feature sits this low
+    {"config", "sampling_params", "outputs", "sequence", "detokenizer", "discovery", "structured"},
     {"partition"},  # sharding plans and the collectives of a split model
     {"models"},
     {"loader"},
