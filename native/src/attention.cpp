@@ -253,7 +253,7 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
   const bool vec = kVecAttention && d % kLanes == 0;
   // with tiles enough to share out, a tile's kv heads on one thread: they read the same
   // cache lines' neighbours (a slot's kv heads lie side by side), which the core's
-  // prefetcher then brings in once (32 decode rows: 10% faster)
+  // prefetcher then brings in once
   const long per_claim = num_tiles >= 4L * nthreads ? hk : 1;
   // the keys a work item sees: its sequence s (-1: padding), keys first_key .. n_keys - 1,
   // token u of the tile the first first_visible + u of them
@@ -310,9 +310,9 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
         cache_rows<C, R>(kc, vc, table, j0, n, block_size, hk, kvh, d, lut, code, k_scale, v_scale,
                          kbuf, vbuf, krow, vrow);
         // decode items: the next chunk's rows asked for while this one's are worked on (at the
-        // last chunk, the next item's first): the core's own prefetcher left the loads waiting.
-        // 32 decode rows at context 192, 2 threads: K/V read at 11.8 GB/s without, ~17 with (23
-        // the plain read rate here). Prefill items read rows the tiles before them brought in
+        // last chunk, the next item's first): the core's own prefetcher left the loads waiting,
+        // K/V read well below the memory's rate. Prefill items read rows the tiles before them
+        // brought in
         if (it.decode && j0 + kChunk < n_keys) {
           prefetch_rows(kc, vc, table, j0 + kChunk, imin_(kChunk, n_keys - j0 - kChunk), block_size, hk, kvh, d);
         } else if (it.decode && item + 1 < hi) {

@@ -185,11 +185,10 @@ static inline void row_params(const float *row_scale, const void *bias, int bias
 }
 
 // From this many activation rows on, the float32 products run the panel kernel (matvec.cpp:
-// row_dot's code for 7 rows ran 1.4x slower than the panel's on Zen 1)
+// there its register tile outruns row_dot, which reloads x for every weight row)
 static const long kPanelMin = 7;
 // AMX builds: from this many rows, the panel path's products run on the tile unit (matvec_amx.h;
-// the one-thread crossover with the int16 x8 kernel on an Intel Xeon: 1536 x 576 and
-// 576 x 1536, Q4_1 and Q8_0, even at 24 rows, 1.3-1.6x at 32)
+// where it draws level with the int16 x8 kernel on one thread)
 static const long kAmxMinRows = 24;
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row

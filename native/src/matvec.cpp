@@ -111,8 +111,7 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 
 // sums[t] = weight row wr . activation row t (rows xs floats apart), t < TT.
 // Independent FMA chains per activation row: 4 for one row, 2 for two, then one each (the
-// rows are the chains): GCC 12's code for 4 rows x 2 chains ran 1.8x slower than for 3 or 5
-// rows x 1 (Zen 1, decode-step shapes).
+// rows are the chains): GCC 12's code for more rows with 2 chains each is slower, not faster.
 template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
 #if defined(__AVX512F__)
@@ -195,7 +194,7 @@ static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, 
 
 #if defined(CK_V8)
 // activation rows x weight rows of the panel kernel's register tile: 4 x 3 = 12 accumulators
-// (6 x 2 and 3 x 4 measured 2.5% slower at 32 rows on Zen 1, equal at 512; 32 = 8 x 4, no tail)
+// (the fastest of the 12-accumulator shapes, 6 x 2 and 3 x 4 the others; 32 = 8 x 4, no tail)
 static const int kPanelX = 4, kPanelW = 3;
 
 // out[t, j..j+RW) for activation rows t0 .. t0 + TX: a TX x RW tile of dot products over

@@ -14,9 +14,8 @@
 // weight rows' blocks, splits them into B tiles and runs every activation row over them 16 at
 // a time) and amx_gemm_few for fewer (the weights as the A tiles).
 
-// from this many rows amx_gemm, below it amx_gemm_few (two threads, Q4_1 1536 x 576 and
-// 576 x 1536: amx_gemm_few 1.1x at 160 rows, the CPU step budget on 2 cores; amx_gemm 1.05x at
-// 256, 1.1-1.2x at 512)
+// from this many rows amx_gemm, below it amx_gemm_few: each the faster on its side (amx_gemm_few
+// at 160 rows, the CPU step budget on 2 cores; amx_gemm from 256)
 static const long kAmxManyRows = 192;
 static const long kAmxBlockBytes = 1L << 20;  // activation tiles amx_gemm takes at a time (L2: 2 MB a core)
 static const long kAmxWeightAhead = 1024;  // bytes of an x8 group's blocks amx_x8_rows prefetches ahead
@@ -90,7 +89,6 @@ static inline void amx_products_hi(const uint16_t *ahi, long stride, const uint1
 // rows n apart). Full float32 rows of 32 on a cache line go out as streaming stores: they are
 // not read again in this product, and as ordinary stores (a 448-row block's outputs are 2.7
 // MB at n = 1536) they evicted from L2 the activation tiles every further weight group reads
-// (two threads, Q4_1 1536 x 576 at 2048 rows: 6.7-7.5 -> 5.2-6.0 ms)
 template <typename T>
 static inline void amx_store_out(const float *c, const float *scale, const float *bias, long rows, long rw, long n,
                                  T *out) {
@@ -429,10 +427,9 @@ static int amx_gemm_few(const uint8_t *w, const float *row_scale, const T *x, lo
 
 // The tile kernels' entry, on activations of the compute dtype T: amx_gemm_few below
 // kAmxManyRows rows, else amx_gemm over blocks of rows whose activation tiles (float32: hi + lo,
-// 4 bytes a value; bfloat16: hi, 2) stay in L2, as it reads them once for every 32 weight rows
-// (two threads, Q4_1 at 2048 rows: 1536 x 576 12.4 -> 7.0 ms, 576 x 1536 15.1 -> 9.1 ms; at 512
-// rows 576 x 1536 2.7 -> 2.2-2.3 ms); a last block of fewer than kAmxManyRows rows is taken
-// along. Returns -1 if a buffer could not be had.
+// 4 bytes a value; bfloat16: hi, 2) stay in L2, as it reads them once for every 32 weight rows;
+// a last block of fewer than kAmxManyRows rows is taken along. Returns -1 if a buffer could not
+// be had.
 template <int QT, typename T>
 static int amx_matmul(const uint8_t *w, const float *row_scale, const T *x, long xs, long rows,
                       long n, long k, T *out, const void *bias, int bias_dt, int nthreads) {

@@ -9,9 +9,8 @@
 // K-quants and float32 rows): a block is two registers, dequantized to the same values as
 // decode_block, so only the summation order differs. A Q4 block looks its values up in
 // the block's table of 16 (vpermps reads the low 4 bits of each lane) instead of
-// converting every nibble. On Zen 4 (one thread, 1536 x 576, one activation row) 1.2x
-// (Q4_1) to 1.4x (Q4_0) the v8 code's rate; a plain 512-bit port of the v8 code was no
-// faster than it (~10 cycles a block).
+// converting every nibble: the lookup, not the width, is the gain (a plain 512-bit port of the
+// v8 code decodes no faster than it).
 static constexpr bool has_row_dot16(int qt) {
   return qt == CK_Q8_0 || qt == CK_Q4_0 || qt == CK_Q4_1 || qt == CK_INT8 || qt == CK_Q5_0 || qt == CK_Q5_1 ||
          qt == CK_E4M3W;

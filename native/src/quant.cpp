@@ -11,7 +11,7 @@
 // AVX512-VNNI) against 4 activation bytes broadcast to all lanes leaves 8 rows' partial
 // dot products in 8 lanes: no horizontal sums, and the block scales are applied to 8 rows
 // with one multiply. Against a row-at-a-time dot product this is ~2.5x fewer instructions
-// a weight (measured 2.4-2.6x faster at 1 row, and 1.4x the float32 panel kernel at 32).
+// a weight.
 // On aarch64 with the dot-product extension, sdot does the same in two 128-bit halves
 // (rows 0-3, 4-7); other ISA paths (s390x, NEON without dotprod, scalar) take the
 // portable group_dot below.
@@ -37,17 +37,15 @@ namespace CK_NS {
 
 static const int kGroup = 8;     // weight rows interleaved together (one per 32-bit lane)
 // activation rows sharing one decode of a weight block: 8 where 32 vector registers hold their
-// accumulators (AVX-512VL: int8 prefill +3-7% per core on Zen 4), else 4 (AVX2's 16 registers
-// spill at 8: 3% slower)
+// accumulators (AVX-512VL), else 4 (AVX2's 16 registers spill at 8)
 #if defined(__AVX512VL__)
 static const int kTile = 8;
 #else
 static const int kTile = 4;
 #endif
 // CK_ACT16 calls of this many activation rows or more run the float32 panel kernel instead
-// (matvec.cpp). AVX-512VL builds: never (Zen 4, one thread, 1536 x 576 Q4_0 and Q8_0: int16
-// 1.6x the panel's speed at 8 rows, 1.25-1.35x at 128); other builds from kPanelMin (the AVX2
-// build on that CPU: int16 on Q8_0 0.86x the panel at 8 rows, 0.64x at 128; no VNNI there).
+// (matvec.cpp). AVX-512VL builds: never (int16 outruns the panel at any row count); other
+// builds from kPanelMin (without VNNI the panel is the faster from there).
 #if defined(__AMX_BF16__)
 static const long kAct16PanelMin = kAmxMinRows;  // AMX builds: the panel path's tile kernel
 #elif defined(__AVX512VL__)
@@ -66,7 +64,7 @@ static inline bool act16_on_panel(long rows) {
 }
 static const long kXBlock = 64;  // activation rows a thread runs its weight groups over at a time
 // bytes ahead of a group's blocks to prefetch: the hardware prefetcher alone left a
-// batch-1 product at ~8 GB/s a thread against ~30 GB/s the memory gives one thread
+// batch-1 product well below the rate the memory gives one thread
 static const long kPrefetchAhead = 2048;
 // activation rows from which the 512-bit path takes two weight groups at a time (take_pairs)
 static const long kPairMinRows = 3;
@@ -232,7 +230,7 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(lo, bcast4(aq[t] + 4 * c)));
         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(hi, bcast4(aq[t] + 16 + 4 * c)));
         // keep the sum in its register: GCC otherwise computes every product of the block
-        // first and spills them all to the stack (12% slower at 32 rows on Zen 1)
+        // first and spills them all to the stack
         __asm__("" : "+x"(s16[t]));
 #endif
       }
@@ -290,10 +288,9 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 // Two groups at once (16 weight rows: group g's 8 in the low 256 bits, g + 1's in the high)
 // in 512-bit registers: half the instructions a weight of group_block, each activation
-// broadcast shared by both groups. On an Intel Xeon (full-rate 512-bit units), one thread,
-// int16 activations: 1.24x group_block at 32 rows, 1.39x at 128 (1536 x 576 Q4_0); not
-// measured on Zen 4, which runs each 512-bit operation as two halves. Every x8 format but the
-// half-scaled one (no 512-bit vpsignb: S8FX8 stays on group_block).
+// broadcast shared by both groups: faster where 512-bit units run at full rate (Intel Xeon);
+// not measured on Zen 4, which runs each 512-bit operation as two halves. Every x8 format but
+// the half-scaled one (no 512-bit vpsignb: S8FX8 stays on group_block).
 #define CK_PAIR_SIMD 1
 template <int QT>
 static constexpr bool pair_format() { return !half_scales<QT>(); }
@@ -440,8 +437,8 @@ __attribute__((always_inline)) static inline void group_block(const uint8_t *p, 
 
 #if defined(CK_GROUP_SIMD)
 // sums[t * 8 + r] = weight row r of the group at wg . activation row t0 + t, for t < TT.
-// One group at a time: two groups against one activation row (sharing its loads) streamed
-// at ~half the rate from memory (Zen 4: two streams 2.6 KB apart defeat the prefetcher).
+// One group at a time: two groups against one activation row (sharing its loads) stream
+// slower from memory (two streams 2.6 KB apart defeat the prefetcher).
 template <int QT, int TT>
 static inline void group_dot(const uint8_t *wg, const QAct &a, long t0, long k, float *sums) {
   v8 acc[TT];
