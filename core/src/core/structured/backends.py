@@ -93,7 +93,8 @@ class GuidanceBackend:
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids))
 
     def compile(self, spec: StructuredOutputsParams) -> str:
-        from llguidance import LLMatcher, gbnf_to_lark
+        from llguidance import LLMatcher
+        from llguidance.gbnf_to_lark import any_to_lark
 
         kind = spec.kind
         try:
@@ -107,8 +108,7 @@ class GuidanceBackend:
             elif kind == "choice":
                 grammar = LLMatcher.grammar_from_lark(_choice_lark(spec.choice))
             elif kind == "grammar":
-                text = gbnf_to_lark(spec.grammar) if "::=" in spec.grammar else spec.grammar
-                grammar = LLMatcher.grammar_from_lark(text)
+                grammar = LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))  # GBNF or Lark
             else:
                 raise ValueError("structural_tag needs --structured-outputs-backend xgrammar")
         except ValueError:
@@ -194,11 +194,10 @@ class XGrammarBackend:
     def compile(self, spec: StructuredOutputsParams) -> Any:
         kind, compiler = spec.kind, self._compiler
         try:
-            if kind == "json":
-                check_xgrammar_schema(spec.json)
-                return compiler.compile_json_schema(json.dumps(spec.json), any_whitespace=False)
-            if kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+            if kind in ("json", "json_object"):  # the builtin JSON grammar would take any value, not an object
+                schema = spec.json if kind == "json" else {"type": "object"}
+                check_xgrammar_schema(schema)
+                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if kind == "regex":
                 return compiler.compile_regex(spec.regex)
             if kind == "choice":
