@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+
 from core import LLM, SamplingParams, StructuredOutputsParams
 
 SCHEMAS = json.loads((Path(__file__).parent / "data" / "json_schemas.json").read_text())
