@@ -22,7 +22,9 @@ SEEDS = (1, 2)
 
 @pytest.fixture(scope="module", params=["guidance", "xgrammar"])
 def llm(request):
-    engine = LLM(max_model_len=1024, max_num_seqs=64, kv_cache_bytes=256 << 20, structured_outputs_backend=request.param)
+    engine = LLM(
+        max_model_len=1024, max_num_seqs=64, kv_cache_bytes=256 << 20, structured_outputs_backend=request.param
+    )
     yield engine
     bm = engine.engine.block_manager
     assert bm.num_free_blocks == bm.num_total_blocks, "KV blocks leaked"
