@@ -463,3 +463,56 @@ def test_sigterm_ends_streams_and_exits(server):
     ]
     assert "abort" in finishes and events[-1] == "data: [DONE]"
     assert server.proc.wait(20) == 0
+
+
+# -- structured outputs ---------------------------------------------------------------------
+# a finite language: the grammar itself ends the answer, whatever the random model prefers
+SMALL_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_response_format_json_schema(client, stream):
+    response_format = {"type": "json_schema", "json_schema": {"name": "small", "schema": SMALL_SCHEMA, "strict": True}}
+    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40}
+    out = client.chat.completions.create(**kwargs, response_format=response_format, stream=stream, temperature=1.0)
+    if stream:
+        chunks = list(out)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        text, finish = out.choices[0].message.content, [out.choices[0].finish_reason]
+    value = json.loads(text)
+    assert value["a"] in ("x", "yy") and 0 <= value["b"] <= 9 and set(value) == {"a", "b"}
+    assert finish == ["stop"]
+
+
+def test_completion_structured_outputs_choice_and_regex(client):
+    for structured, pattern in [({"choice": ["alpha", "beta"]}, r"alpha|beta"), ({"regex": r"[0-9]{3}"}, r"[0-9]{3}")]:
+        out = client.completions.create(
+            model=MODEL, prompt="Pick:", max_tokens=10, extra_body={"structured_outputs": structured}
+        )
+        assert re.fullmatch(pattern, out.choices[0].text) and out.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"structured_outputs": {"regex": "(unclosed"}}, "regex"),
+        ({"structured_outputs": {"json": {"type": "object", "not": {}}}}, "not"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one"),
+        ({"structured_outputs": {"jsonn": {}}}, "jsonn"),
+        ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}}, "not both"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "schema"),
+    ],
+    ids=["bad regex", "unenforced keyword", "two kinds", "unknown field", "two ways", "no schema"],
+)
+def test_bad_constraints_are_400s_before_any_stream(http, fields, words):
+    for stream in (False, True):
+        response = http.post("/v1/chat/completions", json=_chat(stream=stream, **fields))
+        assert response.status_code == 400, response.text
+        assert words in response.json()["error"]["message"] and response.json()["error"]["param"], response.text
