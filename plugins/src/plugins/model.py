@@ -6,10 +6,13 @@ objects the forward pass uses. A runner that replaces the Python forward pass wi
 its own (one native call a step, a compiled graph) reads this instead of the model's
 classes, so it depends on this SDK module only, never on core.
 
-The architecture described is the Llama family (Llama, Qwen2, Mistral):
-``h = embed(ids)``; each layer: ``x = rmsnorm(h) -> qkv -> rope(q, k) -> paged attention
--> o``, residual add, ``rmsnorm -> gate_up -> silu(gate) * up -> down``, residual add;
-then a final ``rmsnorm``. RMSNorms fold the residual add in (as :meth:`Kernels.rms_norm`).
+The architecture described is the Llama family (Llama, Qwen2, Mistral, Qwen3, Phi-3,
+Qwen3-MoE, Mixtral): ``h = embed(ids)``; each layer: ``x = rmsnorm(h) -> qkv -> [q/k
+head norms] -> rope(q, k) -> paged attention -> o``, residual add, ``rmsnorm -> MLP``,
+residual add; then a final ``rmsnorm``. The MLP is ``gate_up -> silu(gate) * up -> down``,
+or in a mixture-of-experts layer (:class:`MoEWeights`) each token's ``top_k`` experts'
+MLPs weighted by the router. RMSNorms fold the residual add in (as :meth:`Kernels.rms_norm`).
+A runner that does not run an optional part (q/k norms, experts) checks for it and declines.
 """
 
 from __future__ import annotations
@@ -36,24 +39,49 @@ class LinearWeights:
 
 
 @dataclass(frozen=True)
+class MoEWeights:
+    """A sparse mixture-of-experts MLP: ``router`` scores ``num_experts`` experts per token;
+    the ``top_k`` highest softmax probabilities (renormalized to sum to 1 when ``renormalize``)
+    weight those experts' outputs (``Kernels.fused_moe``).
+
+    :ivar experts: as the platform's ``Kernels.prepare_experts`` returned them.
+    :ivar intermediate_size: each expert's (this rank's part of it under tensor parallelism).
+    """
+
+    router: LinearWeights
+    experts: Any
+    num_experts: int
+    top_k: int
+    renormalize: bool
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
 class LayerDescription:
     """One decoder layer: its norms, projections and its slice of the KV cache.
 
     :ivar qkv: q, k and v projections fused by rows (q first): ``[heads + 2 * kv_heads] * head_dim`` outputs.
-    :ivar gate_up: gate and up projections fused by rows (gate first): ``2 * intermediate_size`` outputs.
+    :ivar gate_up: gate and up projections fused by rows (gate first): ``2 * intermediate_size``
+        outputs; None in a mixture-of-experts layer (then :attr:`moe`), as is ``down``.
     :ivar k_cache: ``[num_blocks, block_size, kv_heads, head_dim]`` (see :mod:`plugins.attention`).
     :ivar kv_scale: ``float32 [2]`` (K, V) scales of an E4M3 cache, else None (:mod:`plugins.kv_cache`).
+    :ivar q_norm: ``[head_dim]`` RMSNorm weight applied to each query head before the rotation
+        (Qwen3), else None; ``k_norm`` the same for the key heads.
+    :ivar moe: the layer's mixture-of-experts MLP, else None.
     """
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
     qkv: LinearWeights
     o: LinearWeights
-    gate_up: LinearWeights
-    down: LinearWeights
+    gate_up: LinearWeights | None
+    down: LinearWeights | None
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     kv_scale: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    moe: MoEWeights | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +91,7 @@ class ModelDescription:
     :ivar dtype: the compute dtype of activations and the embedding (the KV caches'
         dtype is their own: the compute dtype or a one-byte :mod:`plugins.kv_cache` dtype).
     :ivar cos_sin: rotary table ``[max_positions, head_dim]``: cos in the first half, sin in the second.
+    :ivar intermediate_size: the dense MLPs' (each expert's is in its layer's :class:`MoEWeights`).
     :ivar attn_scale: the softmax scale of attention (``head_dim ** -0.5``).
     :ivar tie_word_embeddings: whether the LM head reuses :attr:`embedding` (logits are
         computed by core, outside the runner; informational).

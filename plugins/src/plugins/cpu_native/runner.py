@@ -127,6 +127,8 @@ class FusedDecoder:
             k_cache, v_cache = layer.k_cache, layer.v_cache
             _need(k_cache.shape == k_cache0.shape == v_cache.shape, "same KV cache shape per layer")
             _need(tuple(k_cache.shape[2:]) == (kv_heads, d), "KV cache layout [blocks, block_size, kv_heads, d]")
+            _need(layer.q_norm is None and layer.k_norm is None, f"layer {i} normalizes its q/k heads")
+            _need(layer.moe is None, f"layer {i} is a mixture of experts")
             entry = self._layers[i]
             entry.input_norm = _dense(layer.input_norm, norm_w.dtype, f"layer {i} input norm")
             entry.post_norm = _dense(layer.post_attention_norm, norm_w.dtype, f"layer {i} post norm")
