@@ -9,7 +9,7 @@ from core.loader import load_model
 from core.models.standalone import StandaloneRunner
 from plugins.kernels import Kernels
 from plugins.reference import TINY_MODEL
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 #: the SDK's tiny decoder, with weights large enough that greedy choices are not near-ties
 TINY = {**TINY_MODEL, "max_position_embeddings": 128, "initializer_range": 0.1, "bos_token_id": 1, "eos_token_id": 2}
@@ -28,6 +28,39 @@ CONFIGS = {
     ),
     "qwen2": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
     "mistral": lambda: MistralConfig(**TINY, sliding_window=None),
+    "qwen3": lambda: Qwen3Config(**TINY, head_dim=16),
+    # one dense layer (mlp_only_layers) among sparse ones; 3 of 8 experts, weights not renormalized
+    "qwen3-moe": lambda: Qwen3MoeConfig(
+        **{**TINY, "num_hidden_layers": 3},
+        head_dim=16,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=3,
+        mlp_only_layers=[1],
+        norm_topk_prob=False,
+    ),  # fmt: skip
+    # every second layer sparse (decoder_sparse_step), renormalized
+    "qwen3-moe-step2": lambda: Qwen3MoeConfig(
+        **TINY,
+        head_dim=16,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=2,
+        norm_topk_prob=True,
+    ),  # fmt: skip
+    "mixtral": lambda: MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+    # LongRoPE (short factors below original_max_position_embeddings, attention scaling from the ratio)
+    "phi3-longrope": lambda: Phi3Config(
+        **{**TINY, "max_position_embeddings": 256},
+        pad_token_id=0,
+        original_max_position_embeddings=64,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [2.0 + i for i in range(8)],
+        },
+    ),  # fmt: skip
 }
 PROMPTS = [[5, 17, 33, 9, 100, 41, 7], [3, 150], [90, 12, 61, 22, 8, 77, 31, 45, 120, 11, 64, 5, 19, 2, 88, 140, 3, 9]]
 

@@ -12,7 +12,16 @@ from typing import Any
 import torch
 from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerBase, Qwen2Config
+from transformers import (
+    AutoTokenizer,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MixtralConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from core.loader.cache import cache_root, file_key
 from core.loader.gguf_index import GGUFIndex
@@ -20,12 +29,16 @@ from core.partition.sharding import ShardPlan, gguf_byte_columns
 
 logger = logging.getLogger(__name__)
 
-# GGUF architecture -> (HF config class, HF architecture name)
+# GGUF architecture -> (HF config class, HF architecture name); llama.cpp's "llama" with
+# experts is Mixtral
 _ARCHITECTURES = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),
     "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+    "qwen3moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
     "gemma3": (Gemma3TextConfig, "Gemma3ForCausalLM"),
 }
+_MIXTRAL = (MixtralConfig, "MixtralForCausalLM")
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -42,6 +55,13 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
+    # mixture-of-experts layers: the router and every expert's projections stacked ([E, rows, cols])
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma 3 names its pre-MLP norm ffn_norm and has two more norms a layer, and q/k norms
 _GEMMA3_BLOCK_NAMES = {
@@ -49,21 +69,20 @@ _GEMMA3_BLOCK_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
 }
 _BLOCK_NAMES_BY_ARCH = {"gemma3": _GEMMA3_BLOCK_NAMES}
 # parts that the model fuses into one linear: they must share a quantization type
-_FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+_FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"))
 
 
 def gguf_config(index: GGUFIndex) -> Any:
-    """Build the transformers config (``LlamaConfig``, ``Qwen2Config``) from GGUF metadata."""
+    """Build the transformers config (``LlamaConfig``, ``Qwen2Config``, ...) from GGUF metadata."""
     meta = index.metadata
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(_ARCHITECTURES))}")
-    config_class, hf_arch = _ARCHITECTURES[arch]
+    num_experts = meta.get(f"{arch}.expert_count", 0)
+    config_class, hf_arch = _MIXTRAL if arch == "llama" and num_experts else _ARCHITECTURES[arch]
     num_heads = meta[f"{arch}.attention.head_count"]
     hidden = meta[f"{arch}.embedding_length"]
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
@@ -75,6 +94,8 @@ def gguf_config(index: GGUFIndex) -> Any:
     extra = {}
     if arch == "gemma3":  # transformers' defaults for the rest (query_pre_attn_scalar, the layer pattern)
         extra = {"sliding_window": meta.get(f"{arch}.attention.sliding_window", 4096)}
+    elif num_experts:
+        extra = _moe_config(index, arch, num_experts)
     return config_class(
         **extra,
         vocab_size=index.tensors["token_embd.weight"].shape[0],
@@ -95,6 +116,23 @@ def gguf_config(index: GGUFIndex) -> Any:
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         architectures=[hf_arch],
     )
+
+
+def _moe_config(index: GGUFIndex, arch: str, num_experts: int) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config: layers without a router
+    (``ffn_gate_inp``) are dense."""
+    meta, top_k = index.metadata, index.metadata[f"{arch}.expert_used_count"]
+    if arch == "llama":
+        return {"num_local_experts": num_experts, "num_experts_per_tok": top_k}
+    num_layers = meta[f"{arch}.block_count"]
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": top_k,
+        "moe_intermediate_size": meta[f"{arch}.expert_feed_forward_length"],
+        "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),  # llama.cpp's default for qwen3moe
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in index.tensors],
+    }
 
 
 def _hf_name(gguf_name: str, arch: str) -> str | None:

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import GGUFWeight, Kernels
-from plugins.model import LayerDescription, LinearWeights, ModelDescription
+from plugins.model import LayerDescription, LinearWeights, ModelDescription, MoEWeights
 from torch import nn
 
 from core.models.layers import Attention, GatedMLP, Linear, RMSNorm, concat_rows, held_bytes
+from core.models.moe import SparseMoE
 from core.models.rope import build_cos_sin_cache
 from core.partition.tensor_parallel import TensorParallel
 
@@ -40,8 +41,21 @@ def _linear(module: Linear) -> LinearWeights:
     return LinearWeights(module.weight, module.bias, module.in_features, module.out_features)
 
 
+def _describe_mlp(mlp: nn.Module) -> dict[str, Any]:
+    """The ``gate_up``, ``down`` and ``moe`` fields of a layer's description."""
+    if isinstance(mlp, SparseMoE):
+        moe = MoEWeights(_linear(mlp.gate), mlp.experts, mlp.num_experts, mlp.top_k, mlp.renormalize,
+                         mlp.intermediate_size)  # fmt: skip
+        return {"gate_up": None, "down": None, "moe": moe}
+    return {"gate_up": _linear(mlp.gate_up_proj), "down": _linear(mlp.down_proj)}
+
+
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention + gated MLP, with the residual add fused into the norms."""
+    """Pre-norm attention + MLP, with the residual add fused into the norms.
+
+    ``qk_norm_eps``: RMS-normalize each q and k head (Qwen3); ``mlp``: the layer's MLP
+    (default: a gated MLP of the config's ``intermediate_size``, split over ranks).
+    """
 
     def __init__(
         self,
@@ -52,6 +66,8 @@ class LlamaDecoderLayer(nn.Module):
         o_bias: bool,
         tp: TensorParallel,
         sliding_window: int | None = None,
+        qk_norm_eps: float | None = None,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
@@ -66,11 +82,14 @@ class LlamaDecoderLayer(nn.Module):
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             sliding_window=sliding_window,
+            qk_norm_eps=qk_norm_eps,
             tp=tp,
         )
         self.post_attention_layernorm = RMSNorm(kernels, eps)
-        mlp_bias = getattr(config, "mlp_bias", False)
-        self.mlp = GatedMLP(kernels, config.hidden_size, plan.intermediate_size, mlp_bias, tp=tp)
+        if mlp is None:
+            mlp_bias = getattr(config, "mlp_bias", False)
+            mlp = GatedMLP(kernels, config.hidden_size, plan.intermediate_size, mlp_bias, tp=tp)
+        self.mlp = mlp
 
     def forward(
         self,
@@ -105,6 +124,8 @@ class LlamaForCausalLM(nn.Module):
     default_chat_template: str | None = None
     #: tokens that end a chat turn, stop tokens beside the checkpoint's EOS where the vocabulary has them
     end_of_turn_tokens: tuple[str, ...] = ()
+    #: whether each q and k head is RMS-normalized before the rotation (Qwen3)
+    has_qk_norm: bool = False
 
     @classmethod
     def layer_windows(cls, config: Any) -> list[int | None]:
@@ -141,7 +162,20 @@ class LlamaForCausalLM(nn.Module):
     def make_layer(self, index: int, qkv_bias: bool, o_bias: bool) -> nn.Module:
         """Decoder layer ``index`` (empty; weights come with :meth:`load_weights`)."""
         window = self.layer_windows(self.config)[index]
-        return LlamaDecoderLayer(self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp, window)
+        qk_norm_eps = self.config.rms_norm_eps if self.has_qk_norm else None
+        return LlamaDecoderLayer(
+            self.config, self.kernels, self.head_size, qkv_bias, o_bias, self.tp, window, qk_norm_eps,
+            self.make_mlp(index),
+        )  # fmt: skip
+
+    def make_mlp(self, index: int) -> nn.Module | None:
+        """Layer ``index``'s MLP; None: the Llama gated MLP (mixture-of-experts models override this)."""
+        return None
+
+    @staticmethod
+    def hf_name(name: str) -> str:
+        """A checkpoint's weight name in this family's terms (identity; Mixtral renames its experts)."""
+        return name
 
     @staticmethod
     def attention_biases(config: Any) -> tuple[bool, bool]:
@@ -175,11 +209,12 @@ class LlamaForCausalLM(nn.Module):
                 post_attention_norm=layer.post_attention_layernorm.weight,
                 qkv=_linear(layer.self_attn.qkv_proj),
                 o=_linear(layer.self_attn.o_proj),
-                gate_up=_linear(layer.mlp.gate_up_proj),
-                down=_linear(layer.mlp.down_proj),
+                **_describe_mlp(layer.mlp),
                 k_cache=k_cache,
                 v_cache=v_cache,
                 kv_scale=kv_scale[0] if kv_scale else None,
+                q_norm=layer.self_attn.q_norm and layer.self_attn.q_norm.weight,
+                k_norm=layer.self_attn.k_norm and layer.self_attn.k_norm.weight,
             )
             for layer, (k_cache, v_cache, *kv_scale) in zip(self.layers, kv_caches, strict=True)
         )
@@ -214,6 +249,8 @@ class LlamaForCausalLM(nn.Module):
                 total += held_bytes(module.weight, seen)
             if isinstance(module, Linear):
                 total += held_bytes(module.bias, seen)
+            if isinstance(module, SparseMoE):
+                total += held_bytes(module.experts, seen)
         return total
 
     def load_weights(
@@ -230,6 +267,7 @@ class LlamaForCausalLM(nn.Module):
         linears: dict[str, Any] = {}
         loaded: set[str] = set()
         for name, tensor in weights:
+            name = self.hf_name(name)
             if _IGNORED.match(name):
                 continue
             if name == "model.embed_tokens.weight":
@@ -247,6 +285,12 @@ class LlamaForCausalLM(nn.Module):
                 if index >= self.num_layers:
                     raise ValueError(f"weight {name!r} is for layer {index}, the model has {self.num_layers}")
                 prefix = f"layers.{index}."
+                if module.startswith("mlp.experts."):
+                    mlp = self.layers[index].mlp
+                    if not isinstance(mlp, SparseMoE) or kind != "weight":
+                        raise ValueError(f"unexpected weight {name!r}: layer {index} has no experts")
+                    mlp.add_part(module.removeprefix("mlp.experts."), tensor)
+                    continue
                 if module in _FUSED_PARTS:
                     fused, part, num_parts = _FUSED_PARTS[module]
                     parts = pending.setdefault((prefix + fused, kind), {})
@@ -274,12 +318,16 @@ class LlamaForCausalLM(nn.Module):
             linears["lm_head"] = self.embed_tokens
         for target, weight in linears.items():
             self.get_submodule(target).load(weight, biases.pop(target, None), quantization)
+        for module in self.modules():
+            if isinstance(module, SparseMoE):
+                module.load_experts(quantization)
         if biases:
             raise ValueError(f"biases without a weight: {sorted(biases)}")
         self._check_complete()
 
     def _check_complete(self) -> None:
         missing = [n for n, m in self.named_modules() if isinstance(m, (Linear, RMSNorm)) and m.weight is None]
+        missing += [f"{n}.experts" for n, m in self.named_modules() if isinstance(m, SparseMoE) and m.experts is None]
         if self.embed_tokens is None:
             missing.insert(0, "embed_tokens")
         if missing:

@@ -11,14 +11,21 @@ from plugins.kernels import Kernels
 from core.models.gemma3 import Gemma3ForCausalLM
 from core.models.llama import LlamaForCausalLM
 from core.models.mistral import MistralForCausalLM
+from core.models.mixtral import MixtralForCausalLM
+from core.models.phi3 import Phi3ForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
+from core.models.qwen3 import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM]] = MappingProxyType(
     {
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": MistralForCausalLM,
+        "MixtralForCausalLM": MixtralForCausalLM,
+        "Phi3ForCausalLM": Phi3ForCausalLM,
         "Qwen2ForCausalLM": Qwen2ForCausalLM,
+        "Qwen3ForCausalLM": Qwen3ForCausalLM,
+        "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     }
 )
 

@@ -1,7 +1,10 @@
 """The rotary-embedding cos/sin table, computed once per model exactly as transformers does.
 
-Scaled variants (``linear``, ``llama3``, ``yarn``, ...) come from transformers'
+Scaled variants (``linear``, ``llama3``, ``yarn``, ``longrope``, ...) come from transformers'
 ``ROPE_INIT_FUNCTIONS`` so that their inverse frequencies match Hugging Face bit for bit.
+LongRoPE (Phi-3) rotates positions below ``original_max_position_embeddings`` with its short
+factors and the rest with its long ones, as vLLM does (transformers switches a whole
+sequence to the long factors once it passes that length).
 """
 
 from __future__ import annotations
@@ -41,10 +44,10 @@ def build_cos_sin_cache(
     :param layer_type: the key of this table's parameters in a per-layer-type
         ``config.rope_parameters`` (``"sliding_attention"``, ``"full_attention"``).
     """
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(
-            f"partial rotary embeddings are not supported (partial_rotary_factor={config.partial_rotary_factor})"
-        )
+    params = getattr(config, "rope_parameters", None) or {}
+    partial = getattr(config, "partial_rotary_factor", None) or params.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial rotary embeddings are not supported (partial_rotary_factor={partial})")
     rope_type, theta = _rope_settings(config, layer_type)
     if rope_type == "default":
         exponents = torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size
@@ -62,5 +65,9 @@ def build_cos_sin_cache(
         inv_freq = inv_freq / freq_factors.float().cpu()
     positions = torch.arange(max_position, dtype=torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]
+    original = params.get("original_max_position_embeddings") if rope_type == "longrope" else None
+    if original is not None and max_position > original:
+        long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=max_position)
+        freqs[original:] = positions[original:, None] * long_inv_freq.float()[None, :]
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * attention_scaling
     return cache.to(device=device, dtype=dtype)
