@@ -445,26 +445,6 @@ def test_queue_full_answers_503(server, http):
     assert http.get("/health").status_code == 200
 
 
-def test_sigterm_ends_streams_and_exits(server):
-    """Last: stops the module's server. With --drain-timeout 0 the signal aborts at once."""
-    body = _completion(prompt="Long", max_tokens=400, ignore_eos=True, stream=True)
-    events = []
-    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as own:
-        with own.stream("POST", "/v1/completions", json=body) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line)
-                    if len(events) == 2:
-                        server.proc.send_signal(signal.SIGTERM)
-    finishes = [
-        json.loads(e[6:])["choices"][0]["finish_reason"]
-        for e in events
-        if e.startswith("data: {") and '"choices":[{' in e
-    ]
-    assert "abort" in finishes and events[-1] == "data: [DONE]"
-    assert server.proc.wait(20) == 0
-
-
 # -- structured outputs ---------------------------------------------------------------------
 # a finite language: the grammar itself ends the answer, whatever the random model prefers
 SMALL_SCHEMA = {
@@ -516,3 +496,24 @@ def test_bad_constraints_are_400s_before_any_stream(http, fields, words):
         response = http.post("/v1/chat/completions", json=_chat(stream=stream, **fields))
         assert response.status_code == 400, response.text
         assert words in response.json()["error"]["message"] and response.json()["error"]["param"], response.text
+
+
+# -- last: stops the module's server ---------------------------------------------------------
+def test_sigterm_ends_streams_and_exits(server):
+    """Last: stops the module's server. With --drain-timeout 0 the signal aborts at once."""
+    body = _completion(prompt="Long", max_tokens=400, ignore_eos=True, stream=True)
+    events = []
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as own:
+        with own.stream("POST", "/v1/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == 2:
+                        server.proc.send_signal(signal.SIGTERM)
+    finishes = [
+        json.loads(e[6:])["choices"][0]["finish_reason"]
+        for e in events
+        if e.startswith("data: {") and '"choices":[{' in e
+    ]
+    assert "abort" in finishes and events[-1] == "data: [DONE]"
+    assert server.proc.wait(20) == 0

@@ -210,7 +210,7 @@ def test_errors_are_openai_shaped(fake_server):
         (httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 64}), 400),
         (httpx.post(f"{url}/v1/completions", json={"prompt": "a", "model": "x"}), 404),
         (httpx.post(f"{url}/v1/completions", json={"prompt": "a" * 5000}), 413),
-        (httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "tool", "content": "a"}]}), 400),
+        (httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "a"}]}), 400),
     ]
     for response, status in cases:
         assert response.status_code == status, response.text

@@ -183,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest rendered chat (UTF-8 bytes), for every template; past it the request gets 400",
     )
     serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='answer tool_choice "auto" (the default when a request has tools): the model decides, and '
+        "--tool-call-parser reads its calls back",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="how the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a parser another "
+        "package registers (entry points core.tool_parsers)",
+    )
+    serve.add_argument(
         "--allowed-origins", type=json_list, default=["*"], help='CORS: origins allowed, a JSON list (default ["*"])'
     )
     serve.add_argument(

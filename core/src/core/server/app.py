@@ -38,6 +38,7 @@ from core.server.frontend import Frontend
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from core.server.streaming import ClientDisconnected
+from core.tools import get_tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +203,11 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
 
     :return: the exit status: 0, or 1 when a worker failed.
     """
+    tool_parser = None  # before the engines: a wrong flag fails at once
+    if args.enable_auto_tool_choice:
+        if args.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME: how the model writes calls")
+        tool_parser = get_tool_parser(args.tool_call_parser)
     engines: list[AsyncEngine] = []
     try:
         for replica in range(config.data_parallel_size):
@@ -233,7 +239,10 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         llm.kv_plan.num_blocks * llm.kv_plan.block_bytes / (1 << 30),
     )
     budget = TemplateBudget(timeout_s=args.chat_template_timeout, max_output_bytes=args.chat_template_max_bytes)
-    fe = Frontend(engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template)
+    fe = Frontend(
+        engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template,
+        tool_parser,
+    )  # fmt: skip
     cors = CorsSettings(
         tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers), args.allow_credentials
     )

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 
 from core.outputs import CompletionOutput, Logprob, RequestOutput
+from core.server.chat_tools import ToolMode, ToolStream
 from core.server.errors import bad_request
 from core.server.frontend import Frontend
 from core.server.handler import Handler
@@ -42,10 +43,19 @@ class ChatHandler(Handler):
     async def __call__(self, raw: Request) -> Any:
         fe, req = self.fe, self.req
         fe.check_model(req.model)
-        if req.tools:
-            raise bad_request("tools (function calling) are not supported", "tools")
         params = chat_params(req, fe.vocab_size)
-        ids = await fe.render_chat(req.messages, req.add_generation_prompt, req.chat_template, req.chat_template_kwargs)
+        self.tools = ToolMode.of(req.tools, req.tool_choice, fe.tool_parser)
+        if self.tools.constraint is not None:
+            if params.structured_outputs is not None:
+                raise bad_request(
+                    f"tool_choice {self.tools.choice!r} constrains the answer itself: leave out response_format "
+                    "and structured_outputs",
+                    "tool_choice",
+                )
+            params = params.clone(structured_outputs=self.tools.constraint)
+        ids = await fe.render_chat(
+            req.messages, req.add_generation_prompt, req.chat_template, req.chat_template_kwargs, self.tools.functions
+        )
         fe.check_length(len(ids), params.max_tokens)
         return await self.respond(raw, await fe.start([(self.id, params, ids)], self.arrival_time))
 
@@ -56,28 +66,37 @@ class ChatHandler(Handler):
 
     def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
         (final,) = finals
-        choices = [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": self._logprobs(c.token_ids, c.logprobs),
-                "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason,
-            }
-            for c in final.outputs
-        ]
+        choices = []
+        for c in final.outputs:
+            content, calls, finish_reason = self.tools.split(c.text, c.finish_reason)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [call.to_json() for call in calls]
+            choices.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": self._logprobs(c.token_ids, c.logprobs),
+                    "finish_reason": finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+            )
         return {**self.envelope(self.object_name, choices), "usage": usage(finals)}
 
-    def _delta(self, c: CompletionOutput, cursor: ChoiceCursor) -> dict[str, Any] | None:
-        text, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
-        if not text and c.finish_reason is None and not (self.req.logprobs and new_ids):
+    def _delta(self, c: CompletionOutput, cursor: ChoiceCursor, tools: ToolStream) -> dict[str, Any] | None:
+        _, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
+        text, calls, finish_reason = tools.advance(c.text, c.finish_reason)
+        if not text and not calls and c.finish_reason is None and not (self.req.logprobs and new_ids):
             return None
         cursor.is_finished = c.finish_reason is not None
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls
         return {
             "index": c.index,
-            "delta": {"content": text} if text else {},
+            "delta": delta,
             "logprobs": self._logprobs(new_ids, entries),
-            "finish_reason": c.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": c.stop_reason,
         }
 
@@ -86,6 +105,7 @@ class ChatHandler(Handler):
     ) -> AsyncIterator[str]:
         n = self.req.n
         cursors = [ChoiceCursor() for _ in range(n)]
+        tool_streams = [ToolStream(self.tools) for _ in range(n)]
         # the role goes first, as OpenAI sends it
         yield sse(
             self.chunk(
@@ -97,7 +117,9 @@ class ChatHandler(Handler):
         )
         async for out in streams[0]:
             deltas = [
-                d for c in out.outputs if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index]))
+                d
+                for c in out.outputs
+                if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index], tool_streams[c.index]))
             ]
             if deltas:
                 yield sse(self.chunk(deltas))

@@ -34,8 +34,10 @@ from core.server.chat_templates import (
 from core.server.errors import APIError, bad_request
 from core.server.metrics import RequestTracker, ServerMetrics
 from core.structured import StructuredOutputsParams
+from core.tools import ToolParser, template_messages
+from core.tools.messages import reads_tools
 
-_KNOWN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_KNOWN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 #: seconds a request's structured outputs grammar may take to compile
 COMPILE_TIMEOUT_S = 10.0
@@ -111,6 +113,8 @@ class Frontend:
     :param chat_template: the template of chat requests that bring none (``core serve
         --chat-template``); None: the model's own.
     :param template_budget: what one chat template render may take.
+    :param tool_parser: how the model writes tool calls (``--tool-call-parser``), when the server
+        answers ``tool_choice: auto`` (``--enable-auto-tool-choice``); None: it refuses it.
     :param trust_request_chat_template: whether a request may bring its own chat template
         (rendered in a sandbox process within ``template_budget``); without it such a request is a 400.
     """
@@ -118,7 +122,7 @@ class Frontend:
     def __init__(
         self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int,
         chat_template: str | None = None, template_budget: TemplateBudget | None = None,
-        trust_request_chat_template: bool = False,
+        trust_request_chat_template: bool = False, tool_parser: ToolParser | None = None,
     ) -> None:  # fmt: skip
         self.replicas = engines if isinstance(engines, list) else [engines]
         self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
@@ -128,6 +132,7 @@ class Frontend:
         self.chat_template = chat_template or (self.tokenizer.chat_template if self.tokenizer is not None else None)
         self.template_budget = template_budget or TemplateBudget()
         self.sandbox = TemplateSandbox(self.template_budget) if trust_request_chat_template else None
+        self.tool_parser = tool_parser  # for tool_choice "auto" (--enable-auto-tool-choice)
         self.max_model_len: int = llm.config.max_model_len
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
@@ -260,6 +265,7 @@ class Frontend:
         add_generation_prompt: bool,
         chat_template: str | None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        functions: dict[str, dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of ``messages`` (:class:`~core.server.protocol.ChatMessage`) with the chat template.
 
@@ -267,11 +273,12 @@ class Frontend:
             request templates, then rendered in the sandbox; None: the server's template.
         :param chat_template_kwargs: more template variables (data; they may not replace the
             render's own: ``messages``, ``tools``, ...).
+        :param functions: the request's tools (:func:`core.tools.tool_functions`), for the
+            template (:func:`core.tools.template_messages`).
         """
         tokenizer = self._require_tokenizer()
-        plain = [
-            {"role": self._role(i, m.role), "content": self._content(i, m.content)} for i, m in enumerate(messages)
-        ]
+        template = chat_template or self.chat_template or ""
+        plain = template_messages([self._message(i, m) for i, m in enumerate(messages)], template, functions)
         kwargs = chat_template_kwargs or {}
         reserved = sorted(RESERVED_VARIABLES & kwargs.keys())
         if reserved:
@@ -281,6 +288,8 @@ class Frontend:
                 "chat_template_kwargs",
             )
         variables = {**tokenizer.special_tokens_map, **kwargs}
+        if functions and reads_tools(template):
+            variables["tools"] = [{"type": "function", "function": fn} for fn in functions.values()]
         budget = self.template_budget
         try:
             if chat_template is not None:
@@ -313,11 +322,31 @@ class Frontend:
             ) from exc
         return await self.tokenize(text, add_special_tokens=False, limit=self.max_model_len)
 
+    def _message(self, index: int, message: Any) -> dict[str, Any]:
+        """One :class:`~core.server.protocol.ChatMessage` as a plain dict (checked role and content)."""
+        plain: dict[str, Any] = {
+            "role": self._role(index, message.role),
+            "content": self._content(index, message.content),
+        }
+        if message.tool_calls:
+            for j, call in enumerate(message.tool_calls):
+                function = call.get("function")
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise bad_request(
+                        f"messages[{index}].tool_calls[{j}] must be {{'id': ..., 'type': 'function', 'function': "
+                        "{'name': ..., 'arguments': ...}}",
+                        f"messages.{index}.tool_calls.{j}",
+                    )
+            plain["tool_calls"] = message.tool_calls
+        if message.tool_call_id is not None:
+            plain["tool_call_id"] = message.tool_call_id
+        return plain
+
     @staticmethod
     def _role(index: int, role: str) -> str:
         if role not in _KNOWN_ROLES:
             raise bad_request(
-                f"messages[{index}].role {role!r} is not supported; use one of: system, user, assistant",
+                f"messages[{index}].role {role!r} is not supported; use one of: system, user, assistant, tool",
                 f"messages.{index}.role",
             )
         return _KNOWN_ROLES[role]

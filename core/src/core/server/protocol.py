@@ -124,6 +124,8 @@ class ChatMessage(_Request):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, as OpenAI returned them
+    tool_call_id: str | None = None  # a tool message's answer to that call
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -137,7 +139,9 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(_Request):
