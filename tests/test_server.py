@@ -498,6 +498,72 @@ def test_bad_constraints_are_400s_before_any_stream(http, fields, words):
         assert words in response.json()["error"]["message"] and response.json()["error"]["param"], response.text
 
 
+# -- tools ----------------------------------------------------------------------------------
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False}}},
+]  # fmt: skip
+
+
+def test_required_tool_choice_gives_valid_calls(client):
+    import jsonschema
+
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather?"}], max_tokens=60, temperature=1.0,
+        tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+    )  # fmt: skip
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert call.id.startswith("call_") and call.type == "function"
+
+
+def test_named_tool_choice_streams_the_call(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], max_tokens=40, stream=True,
+        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )  # fmt: skip
+    chunks = [c.choices[0] for c in stream if c.choices]
+    deltas = [d for c in chunks for d in c.delta.tool_calls or ()]
+    first = deltas[0]
+    assert first.id.startswith("call_") and first.function.name == "get_time" and first.function.arguments == ""
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments)["zone"] in ("UTC", "CET")
+    assert [c.finish_reason for c in chunks if c.finish_reason] == ["tool_calls"]
+
+
+def test_a_conversation_with_a_tool_result_is_answered(client):
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]  # fmt: skip
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=8)
+    assert out.choices[0].message.content and out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"tools": TOOLS}, "--enable-auto-tool-choice"),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "launch"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "constrains"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}, "tool_calls"),
+    ],
+    ids=["auto without the flag", "required without tools", "unknown named tool", "with response_format", "bad call"],
+)
+def test_tool_requests_that_cannot_be_served_are_400s(http, fields, words):
+    response = http.post("/v1/chat/completions", json=_chat(**fields))
+    assert response.status_code == 400 and words in response.json()["error"]["message"], response.text
+
+
 # -- last: stops the module's server ---------------------------------------------------------
 def test_sigterm_ends_streams_and_exits(server):
     """Last: stops the module's server. With --drain-timeout 0 the signal aborts at once."""

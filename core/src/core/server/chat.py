@@ -44,7 +44,7 @@ class ChatHandler(Handler):
         fe, req = self.fe, self.req
         fe.check_model(req.model)
         params = chat_params(req, fe.vocab_size)
-        self.tools = ToolMode.of(req.tools, req.tool_choice, fe.tool_parser)
+        self.tools = ToolMode.of(req.tools, req.tool_choice, fe.tool_parser, req.parallel_tool_calls)
         if self.tools.constraint is not None:
             if params.structured_outputs is not None:
                 raise bad_request(

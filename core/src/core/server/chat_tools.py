@@ -22,8 +22,11 @@ class ToolMode:
     parser: ToolParser | None = None
 
     @classmethod
-    def of(cls, tools: list[dict[str, Any]] | None, tool_choice: Any, parser: ToolParser | None) -> ToolMode:
-        """From the request's fields and the server's ``--tool-call-parser`` (None unless auto tool choice is on)."""
+    def of(
+        cls, tools: list[dict[str, Any]] | None, tool_choice: Any, parser: ToolParser | None, parallel: bool = True
+    ) -> ToolMode:
+        """From the request's fields (``parallel``: ``parallel_tool_calls``) and the server's
+        ``--tool-call-parser`` (None unless auto tool choice is on)."""
         try:
             functions = tool_functions(tools) if tools else None
             named = named_choice(tool_choice)
@@ -41,7 +44,7 @@ class ToolMode:
                 "tool_choice",
             )
         try:
-            constraint = tool_constraint(functions, choice)
+            constraint = tool_constraint(functions, choice, parallel)
         except ValueError as exc:
             raise bad_request(str(exc), "tool_choice") from None
         return cls(functions, choice, constraint, parser if choice == "auto" else None)

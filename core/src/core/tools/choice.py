@@ -48,8 +48,13 @@ def named_choice(tool_choice: Any) -> str | None:
     return None
 
 
-def tool_constraint(functions: dict[str, dict[str, Any]], tool_choice: Any) -> StructuredOutputsParams | None:
-    """The constraint ``tool_choice`` puts on the answer: for ``required`` and a named tool; else None."""
+def tool_constraint(
+    functions: dict[str, dict[str, Any]], tool_choice: Any, parallel: bool = True
+) -> StructuredOutputsParams | None:
+    """The constraint ``tool_choice`` puts on the answer: for ``required`` and a named tool; else None.
+
+    :param parallel: whether ``required`` may make several calls (OpenAI's ``parallel_tool_calls``).
+    """
     name = named_choice(tool_choice)
     if name is not None:
         if name not in functions:
@@ -66,7 +71,8 @@ def tool_constraint(functions: dict[str, dict[str, Any]], tool_choice: Any) -> S
         }
         for fn_name, fn in functions.items()
     ]
-    return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+    array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return StructuredOutputsParams(json=array if parallel else {**array, "maxItems": 1})
 
 
 def constrained_calls(text: str, tool_choice: Any) -> list[ToolCall]:
