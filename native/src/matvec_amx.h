@@ -1,7 +1,7 @@
 // matvec.cpp's tile kernels (AMX builds; elsewhere this file adds nothing). A part of
 // matvec.cpp's translation unit, included inside its namespace after dequant_rows: amx_matmul is
 // matmul_act's first choice. Uses matvec.cpp's decode_block and row_format, matvec_avx512.h's
-// decode_block16, blocks.h and amx.h.
+// has_row_dot16 and decode_block16, blocks.h and amx.h.
 #pragma once
 
 #if defined(__AMX_BF16__)
