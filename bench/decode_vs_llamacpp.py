@@ -59,7 +59,7 @@ def ours(model: str) -> dict[str, float]:
             tp = run_throughput(llm, num, length, 1, seed)
             best = max(best, tp.prompt_tokens / tp.elapsed_s)
         result[name] = best
-    result["isa"] = llm.engine.platform.kernels.isa
+    result["isa"] = llm.engine.platform.get_extension("kernel_isa")
     return result
 
 

@@ -41,7 +41,8 @@ def main() -> int:
     engine = llm.engine
     engine.platform.kernels.num_threads = 1
     mode = "int8 activations" if os.environ.get("CORE_CPU_QUANT_ACTIVATIONS") == "1" else "default"
-    print(f"{Path(sys.argv[1]).name if len(sys.argv) > 1 else 'default model'}, {mode}, {engine.platform.kernels.isa}")
+    isa = engine.platform.get_extension("kernel_isa")
+    print(f"{Path(sys.argv[1]).name if len(sys.argv) > 1 else 'default model'}, {mode}, {isa}")
     decode = min(_cpu_seconds(engine, [list(range(100, 116))], 65, True) for _ in range(2))
     print(f"  decode: {64 / decode:.1f} tok/s per core")
     rnd = random.Random(0)

@@ -11,7 +11,7 @@ with zero points in groups of 64 after AWQ's activation-aware scale search; FP8'
 input scales and AWQ calibrated on :data:`CALIBRATION_TEXTS`) in the venv of
 scripts/llm_compressor_venv.sh (scripts/llm_compressor_quantize.py),
 then for each checkpoint checks greedy parity with transformers
-(``plugins.quant_testing.load_decompressed``: decompressed weights, W8A8's activations
+(``plugins.testing.quant.load_decompressed``: decompressed weights, W8A8's activations
 fake-quantized per token by compressed-tensors) on this engine's native CPU kernels and
 times batch-1 decode next to the engine on the GGUF files (the default Q4_1 and a Q8_0 made
 by ``gguf_files.py``), llama.cpp (llama-cpp-python) on the same GGUF files, and the engine
@@ -93,7 +93,7 @@ def parity(directory: Path, prompts: list[list[int]], num_steps: int) -> str:
     from core.bench.parity import greedy_parity, hf_next_logits
     from core.loader import load_model
     from plugin_cpu_x86.platform import CpuX86Platform
-    from plugins.quant_testing import load_decompressed
+    from plugins.testing.quant import load_decompressed
 
     hf = load_decompressed(directory)
     loaded = load_model(str(directory), kernels=CpuX86Platform().kernels, dtype=torch.float32, device="cpu")

@@ -61,7 +61,7 @@ def main() -> int:
 
     runner.forward, runner.compute_logits = timed("forward", runner.forward), timed("logits", runner.compute_logits)
     print(
-        f"{args.model or 'default model'}, kernels {engine.platform.kernels.isa}, batch {args.batch}, "
+        f"{args.model or 'default model'}, kernels {engine.platform.get_extension('kernel_isa')}, batch {args.batch}, "
         f"{engine.config.dtype} compute, {engine.config.kv_cache_dtype} K/V cache"
     )
     vocab = engine.loaded.hf_config.vocab_size

@@ -54,6 +54,10 @@ def test_unsupported_kv_cache_dtype_names_the_platform(tiny_llama):
     class NoFp8(Platform):
         name = "nofp8"
         device_type = "cpu"
+        priority = 0
+
+        def unavailable_reason(self):
+            return None
 
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported on nofp8; supported: auto"):
         _engine(tiny_llama, NoFp8(), kv_cache_dtype="fp8_e5m2")

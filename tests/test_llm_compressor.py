@@ -3,7 +3,7 @@ helper: tiny random Llama and Qwen2 models quantized in the test with ``oneshot`
 dynamic per-token int8 activations, W4A16 in groups of 32 symmetric and with zero points, and
 AWQ's W4A16 with zero points after its scale search on a few token rows), then our greedy
 decoding on cpu_x86's native kernels against transformers on the same checkpoint
-(``plugins.quant_testing.load_decompressed``). llm-compressor pins an older transformers, so it
+(``plugins.testing.quant.load_decompressed``). llm-compressor pins an older transformers, so it
 runs in a venv of its own (scripts/llm_compressor_venv.sh: made once, about a minute, cached
 outside the clone), one process for every checkpoint.
 """
@@ -22,7 +22,7 @@ from plugins.reference import tiny_model_config
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 pytest.importorskip("compressed_tensors")
-from plugins.quant_testing import load_decompressed, save_word_tokenizer  # noqa: E402
+from plugins.testing.quant import load_decompressed, save_word_tokenizer  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ARCHS = {"llama": LlamaConfig, "qwen2": Qwen2Config}

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 pytest.importorskip("compressed_tensors")
-from plugins.quant_testing import (  # noqa: E402
+from plugins.testing.quant import (  # noqa: E402
     fp8_scheme,
     load_decompressed,
     quantize_rtn,

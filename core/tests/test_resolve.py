@@ -27,6 +27,7 @@ class Host(Platform):
 
     name = "host"
     device_type = "cpu"
+    priority = 0
     supported_dtypes = ("bfloat16", "float32")
 
     def __init__(self, overrides: dict | None = None) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from plugins.cpu_native.linear import QuantizedWeight
 from plugins.int_quant import IntWeight, from_awq, from_compressed, from_gptq, quantize_activations_per_token
-from plugins.quant_testing import compress_weight, scheme, to_awq, to_gptq
+from plugins.testing.quant import compress_weight, scheme, to_awq, to_gptq
 
 pytest.importorskip("compressed_tensors")
 

@@ -37,6 +37,13 @@ def test_identity_and_device_info():
     assert set(info["isa"]) <= set(cpuinfo.ISA_FLAGS.values())
 
 
+def test_kernel_isa_extension():
+    """The escape hatch answers the ISA variant the kernels run, and None for a name it lacks."""
+    plat = CpuX86Platform()
+    assert plat.get_extension("kernel_isa") == plat.kernels.isa == plat.device_info()["kernel_isa"]
+    assert plat.get_extension("frontend_cpus") is None
+
+
 def test_unavailable_on_other_machines(monkeypatch):
     monkeypatch.setattr(cpuinfo, "machine", lambda: "aarch64")
     monkeypatch.setattr("plugin_cpu_x86.platform.machine", lambda: "aarch64")

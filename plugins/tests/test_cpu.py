@@ -19,6 +19,9 @@ class HostCpuPlatform(CpuPlatform):
 
     name = "some_cpu"
 
+    def unavailable_reason(self) -> str | None:
+        return None
+
 
 def test_parse_cpu_list():
     assert parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from plugins.int_quant import FP8, IntWeight, concat_int_weights, from_compressed, quantize_activations_fp8
-from plugins.quant_testing import compress_weight, fp8_scheme
+from plugins.testing.quant import compress_weight, fp8_scheme
 
 pytest.importorskip("compressed_tensors")
 

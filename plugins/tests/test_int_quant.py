@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from plugins.int_quant import IntWeight, act_order, from_awq, from_compressed, from_gptq, quantize_activations_per_token
-from plugins.quant_testing import compress_weight, scheme, to_awq, to_gptq
+from plugins.testing.quant import compress_weight, scheme, to_awq, to_gptq
 
 pytest.importorskip("compressed_tensors")
 

@@ -6,7 +6,8 @@ import textwrap
 
 import plugins
 from plugins.reference import ReferencePlatform
-from plugins.testing import PlatformConformance, _first_difference
+from plugins.testing import PlatformConformance
+from plugins.testing.runtime import first_difference
 
 
 class ReferenceWithEnv(ReferencePlatform):
@@ -31,10 +32,26 @@ def run_kit(tmp_path, source, *args):
     )
 
 
+def run_kit_on_kernels(tmp_path, name, kernels, *args, float32_only=False):
+    """Run the kit on a reference platform ``name`` whose kernel set is ``{name}Kernels``, a
+    :class:`plugins.kernels.Kernels` subclass with the methods in ``kernels`` (source text)."""
+    dtypes = '    supported_dtypes = ("float32",)\n' if float32_only else ""
+    source = (
+        "import torch\nfrom plugins.kernels import Kernels\nfrom plugins.reference import ReferencePlatform\n"
+        f"from plugins.testing import PlatformConformance\n\nclass {name}Kernels(Kernels):\n"
+        + textwrap.indent(textwrap.dedent(kernels), "    ")
+        + f"\n\nclass {name}(ReferencePlatform):\n    name = {name.lower()!r}\n{dtypes}"
+        + f"    def make_kernels(self):\n        return {name}Kernels()\n\n"
+        + f"class Test{name}(PlatformConformance):\n    platform = {name}\n"
+    )
+    return run_kit(tmp_path, source, *args)
+
+
 def test_availability_is_derived_from_unavailable_reason():
     class Absent(plugins.Platform):
         name = "absent"
         device_type = "cpu"
+        priority = 0
 
         def unavailable_reason(self):
             return "no such device here"
@@ -42,6 +59,7 @@ def test_availability_is_derived_from_unavailable_reason():
     class OldStyle(plugins.Platform):  # overrides only is_available(), as plugins written before API 2 did
         name = "old"
         device_type = "cpu"
+        priority = 0
 
         def is_available(self):
             return False
@@ -76,29 +94,11 @@ def test_kit_fails_a_wrong_api_version(tmp_path):
 
 def test_kit_fails_a_wrong_kernel(tmp_path):
     """A platform whose silu_and_mul is wrong must fail the kit (the checks can fail)."""
-    result = run_kit(
-        tmp_path,
-        """
-        from plugins.kernels import Kernels
-        from plugins.reference import ReferencePlatform
-        from plugins.testing import PlatformConformance
-
-        class Wrong(Kernels):
-            def silu_and_mul(self, x):
-                return super().silu_and_mul(x) * 1.01
-
-        class Broken(ReferencePlatform):
-            name = "broken"
-            supported_dtypes = ("float32",)
-            def make_kernels(self):
-                return Wrong()
-
-        class TestBroken(PlatformConformance):
-            platform = Broken
-        """,
-        "-k",
-        "silu or rms",
-    )
+    kernels = """
+        def silu_and_mul(self, x):
+            return super().silu_and_mul(x) * 1.01
+    """
+    result = run_kit_on_kernels(tmp_path, "Broken", kernels, "-k", "silu or rms", float32_only=True)
     assert result.returncode == 1, result.stdout
     assert "3 failed" in result.stdout and "silu_and_mul" in result.stdout
 
@@ -113,6 +113,7 @@ def test_unavailable_platform_skips_device_checks(tmp_path):
         class Absent(plugins.Platform):
             name = "absent"
             device_type = "cpu"
+            priority = 0
             def unavailable_reason(self):
                 return "no such device here"
 
@@ -127,31 +128,12 @@ def test_unavailable_platform_skips_device_checks(tmp_path):
 def test_kit_fails_a_kernel_that_ignores_strides(tmp_path):
     """A kernel that reads q as if it were contiguous passes separate tensors but fails on
     head views of a fused qkv projection, as models pass them."""
-    result = run_kit(
-        tmp_path,
-        """
-        import torch
-        from plugins.kernels import Kernels
-        from plugins.reference import ReferencePlatform
-        from plugins.testing import PlatformConformance
-
-        class Packed(Kernels):
-            def paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None):
-                packed = torch.as_strided(q, q.shape, q.contiguous().stride())  # ignores q's strides
-                return super().paged_attention(packed, k_cache, v_cache, meta, scale, sliding_window)
-
-        class Careless(ReferencePlatform):
-            name = "careless"
-            supported_dtypes = ("float32",)
-            def make_kernels(self):
-                return Packed()
-
-        class TestCareless(PlatformConformance):
-            platform = Careless
-        """,
-        "-k",
-        "paged_attention",
-    )
+    kernels = """
+        def paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None, kv_scale=None):
+            packed = torch.as_strided(q, q.shape, q.contiguous().stride())  # ignores q's strides
+            return super().paged_attention(packed, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
+    """
+    result = run_kit_on_kernels(tmp_path, "Careless", kernels, "-k", "paged_attention", float32_only=True)
     assert result.returncode == 1, result.stdout
     # the sliding-window cases pass contiguous q: they pass
     assert "2 failed, 7 passed" in result.stdout and "paged_attention (fused qkv views)" in result.stdout
@@ -159,40 +141,80 @@ def test_kit_fails_a_kernel_that_ignores_strides(tmp_path):
 
 def test_greedy_mismatch_names_both_sides_and_the_first_differing_step():
     same = [[1, 2, 3], [4, 5]]
-    assert _first_difference("acme", same, [[1, 2, 3], [4, 5]]) is None
-    message = _first_difference("acme", same, [[1, 2, 3], [4, 6]])
+    assert first_difference("acme", same, [[1, 2, 3], [4, 5]]) is None
+    message = first_difference("acme", same, [[1, 2, 3], [4, 6]])
     assert message == (
         "prompt 1: acme and the reference platform first differ at generated token 1 "
         "(acme chose 5, the reference 6); acme: [4, 5]; reference: [4, 6]"
     )
-    shorter = _first_difference("acme", [[1, 2]], [[1, 2, 3]])
+    shorter = first_difference("acme", [[1, 2]], [[1, 2, 3]])
     assert "at generated token 2 (acme chose (nothing), the reference 3)" in shorter
 
 
 def test_kit_greedy_failure_message(tmp_path):
     """End to end: a platform whose MLP is wrong fails the greedy check with the labelled message."""
-    result = run_kit(
-        tmp_path,
-        """
-        from plugins.kernels import Kernels
-        from plugins.reference import ReferencePlatform
-        from plugins.testing import PlatformConformance
-
-        class NoMlp(Kernels):
-            def silu_and_mul(self, x):
-                return super().silu_and_mul(x) * 0
-
-        class Wrong(ReferencePlatform):
-            name = "wrong"
-            def make_kernels(self):
-                return NoMlp()
-
-        class TestWrong(PlatformConformance):
-            platform = Wrong
-        """,
-        "-k",
-        "greedy",
-    )
+    kernels = """
+        def silu_and_mul(self, x):
+            return super().silu_and_mul(x) * 0
+    """
+    result = run_kit_on_kernels(tmp_path, "Wrong", kernels, "-k", "greedy")
     assert result.returncode == 1, result.stdout
     assert "wrong and the reference platform first differ at generated token" in result.stdout
     assert "conformance kit: tests test_case.Wrong from" in result.stdout  # the header names the tested file
+
+
+def test_kit_fails_a_platform_lacking_a_required_member(tmp_path):
+    result = run_kit(
+        tmp_path,
+        """
+        import plugins
+        from plugins.testing import PlatformConformance
+
+        class Unranked(plugins.Platform):
+            name = "unranked"
+            device_type = "cpu"
+            def unavailable_reason(self):
+                return None
+
+        class TestUnranked(PlatformConformance):
+            platform = Unranked
+        """,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "Unranked lacks priority: members every plugins.Platform gives" in result.stdout
+
+
+def test_kit_fails_an_abstract_base_under_test(tmp_path):
+    """A base class declared abstract passes class creation; the kit's identity check still names what it lacks."""
+    result = run_kit(
+        tmp_path,
+        """
+        import plugins
+        from plugins.testing import PlatformConformance
+
+        class Family(plugins.Platform, abstract=True):
+            name = "family"
+            device_type = "cpu"
+
+        class TestFamily(PlatformConformance):
+            platform = Family
+        """,
+        "-k",
+        "identity",
+    )
+    assert result.returncode == 1, result.stdout
+    assert "Family lacks the required priority, unavailable_reason() (or is_available())" in result.stdout
+
+
+def test_kit_fails_a_kernel_whose_signature_differs(tmp_path):
+    """plugin_tpu's kernels once dropped kv_scale and core worked around it: the kit says so now."""
+    kernels = """
+        def paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None):
+            return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    """
+    result = run_kit_on_kernels(tmp_path, "Drifted", kernels, "-k", "signature")
+    assert result.returncode == 1, result.stdout
+    assert "1 failed" in result.stdout
+    assert "DriftedKernels.paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None) but" in (
+        result.stdout
+    )

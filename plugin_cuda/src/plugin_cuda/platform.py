@@ -21,7 +21,7 @@ class CudaPlatform(plugins.Platform):
     name = "cuda"
     device_type = "cuda"
     priority = 100
-    api_version = plugins.PLATFORM_API_VERSION
+    api_version = 2
     supported_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
     #: FP8 caches run the SDK's torch reference kernels (not the Triton ones)
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8_e4m3", "fp8_e5m2")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from plugins.attention import AttentionMetadata
+from plugins.errors import UnsupportedFeature
 from plugins.kernels import Kernels
 
 
@@ -58,6 +59,14 @@ def token_layout(meta: AttentionMetadata, num_tokens: int, table_width: int) -> 
     return token_tables, context_lens
 
 
+def _refuse_scale(kv_scale: torch.Tensor | None) -> None:
+    if kv_scale is not None:
+        raise UnsupportedFeature(
+            "the tpu kernels keep K/V in the compute dtype (supported_kv_cache_dtypes is empty): "
+            "no kv_scale of an E4M3 cache"
+        )
+
+
 class XlaKernels(Kernels):
     """The reference kernels, with attention and KV writes that trace to one graph per shape."""
 
@@ -71,9 +80,14 @@ class XlaKernels(Kernels):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
         """Scatter ``k, v [T, Hk, D]`` to their slots; slot -1 is sent past the end,
-        where XLA's scatter drops the update (no mask, no data-dependent shape)."""
+        where XLA's scatter drops the update (no mask, no data-dependent shape).
+
+        :raises UnsupportedFeature: for a ``kv_scale``: the platform declares no scaled (E4M3) cache.
+        """
+        _refuse_scale(kv_scale)
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         slots = torch.where(slot_mapping < 0, num_slots, slot_mapping)
         k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
@@ -87,6 +101,7 @@ class XlaKernels(Kernels):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Each token attends to keys ``0 .. context_lens[t] - 1`` of its sequence's
         blocks (with a ``sliding_window`` W, only the last W of them), gathered per token:
@@ -94,7 +109,11 @@ class XlaKernels(Kernels):
 
         Without the per-token layout of :class:`XlaAttentionMetadata` (a caller other
         than the runner) it is derived from the host lengths first. Windowed layers take
-        the gathered path also when Pallas is on (the ragged kernel is called unwindowed)."""
+        the gathered path also when Pallas is on (the ragged kernel is called unwindowed).
+
+        :raises UnsupportedFeature: for a ``kv_scale``: the platform declares no scaled (E4M3) cache.
+        """
+        _refuse_scale(kv_scale)
         if self.use_pallas and sliding_window is None:
             return self.ragged_attention(q, k_cache, v_cache, meta, scale)
         num_tokens, num_heads, head_size = q.shape

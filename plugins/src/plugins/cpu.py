@@ -205,7 +205,7 @@ class CpuMemoryProfiler(MemoryProfiler):
         return torch.empty(shape, dtype=dtype, device=device)
 
 
-class CpuPlatform(Platform):
+class CpuPlatform(Platform, abstract=True):
     """Base of the host-CPU backends: ``CPU_*`` variables, thread binding, KV budget.
 
     :meth:`init_device` pins the calling thread (the one that runs the model) and its

@@ -1,10 +1,11 @@
 """The one interface a backend implements: :class:`Platform`.
 
-A backend must set :attr:`Platform.name`, :attr:`Platform.device_type`,
-:attr:`Platform.priority` and implement :meth:`Platform.unavailable_reason` (None when
-the machine can run it; :meth:`Platform.is_available` is derived from it). Everything else
-has a correct, device-neutral default: the torch reference kernels, eager
-execution and a host-memory profiler. Override what the device does better.
+A backend must give four members: :attr:`Platform.name`, :attr:`Platform.device_type`,
+:attr:`Platform.priority` and its availability, :meth:`Platform.unavailable_reason` (None
+when the machine can run it) or :meth:`Platform.is_available`. A class that lacks one fails
+as it is created, naming them. Everything else has a correct, device-neutral default: the
+torch reference kernels, eager execution and a host-memory profiler. Override what the
+device does better; members are grouped below as in ``plugins/README.md``'s backend contract.
 """
 
 from __future__ import annotations
@@ -24,18 +25,55 @@ from plugins.env import EnvVar, read_env
 #: ``frontend_cpus`` extension.
 PLATFORM_API_VERSION = 2
 
+#: the class attributes every concrete platform sets (its availability is the fourth member)
+REQUIRED_ATTRIBUTES = ("name", "device_type", "priority")
+
 
 class Platform:
-    """A hardware backend. Subclass it; instances are created with no arguments."""
+    """A hardware backend. Subclass it; instances are created with no arguments.
 
-    # -- identity (required) ---------------------------------------------------------
+    A subclass meant as a base for other platforms, which leaves required members to them,
+    says so with ``class CpuPlatform(Platform, abstract=True)``.
+    """
+
+    # -- required ----------------------------------------------------------------------
     #: what ``--device`` takes, e.g. ``"cpu_x86"``
-    name: ClassVar[str] = ""
+    name: ClassVar[str]
     #: the torch device type tensors live on: ``"cpu"``, ``"cuda"``, ``"mps"``, ``"hpu"``, ...
-    device_type: ClassVar[str] = ""
+    device_type: ClassVar[str]
     #: ``--device auto`` picks the available platform with the highest priority
-    priority: ClassVar[int] = 0
-    #: the :data:`PLATFORM_API_VERSION` this platform was written for (None: current)
+    priority: ClassVar[int]
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """Check a platform class as it is created: unless ``abstract``, it gives every required member.
+
+        :raises TypeError: naming the class and the required members it lacks.
+        """
+        super().__init_subclass__(**kwargs)
+        missing = [] if abstract else missing_members(cls)
+        if missing:
+            raise TypeError(
+                f"{cls.__qualname__} lacks {', '.join(missing)}: members every plugins.Platform gives "
+                "(plugins/README.md, 'The backend contract'); a base class for platforms says abstract=True"
+            )
+
+    def unavailable_reason(self) -> str | None:
+        """Why this machine cannot run the platform, in a few words, or None when it can.
+
+        What a backend implements (e.g. ``"no NVIDIA device found"``), or else
+        :meth:`is_available`. Must be cheap (no device initialisation, no heavy import) and
+        never raise. For a platform that overrides only :meth:`is_available`: its answer.
+        """
+        if type(self).is_available is not Platform.is_available:
+            return None if self.is_available() else "is_available() returned False"
+        return None
+
+    def is_available(self) -> bool:
+        """Whether this machine can run the platform: :meth:`unavailable_reason` is None."""
+        return self.unavailable_reason() is None
+
+    # -- version (stated by every first-party plugin) ---------------------------------
+    #: the :data:`PLATFORM_API_VERSION` this platform was written for, as a number (None: current)
     api_version: ClassVar[int | None] = None
 
     # -- capabilities (optional) -----------------------------------------------------
@@ -48,38 +86,15 @@ class Platform:
     #: devices where torch has the float8 dtypes; declare only what the conformance kit
     #: passes on the device (it checks each one declared)
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ()
-    #: environment variables the platform reads (see :class:`plugins.EnvVar`)
-    env_vars: ClassVar[tuple[EnvVar, ...]] = ()
-    #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
-    distributed_backend: ClassVar[str] = "gloo"
-    #: the Ray resource one rank reserves under ``--distributed-executor-backend ray``: ``"CPU"``,
-    #: ``"GPU"`` (CUDA, ROCm) or the vendor's key (``"TPU"``, ``"HPU"``, ``"neuron_cores"``)
-    ray_device_key: ClassVar[str] = "CPU"
     #: the byte order of numbers in the platform's tensors: ``"little"``, or ``"big"`` for a
     #: big-endian host (s390x). The loader converts the little-endian bytes it reads from
     #: GGUF files to it (:func:`plugins.byteorder.to_host_order`)
     byte_order: ClassVar[str] = "little"
 
-    def unavailable_reason(self) -> str | None:
-        """Why this machine cannot run the platform, in a few words, or None when it can.
+    # -- configuration (optional) ----------------------------------------------------
+    #: environment variables the platform reads (see :class:`plugins.EnvVar`)
+    env_vars: ClassVar[tuple[EnvVar, ...]] = ()
 
-        What a backend implements (e.g. ``"no NVIDIA device found"``). Must be cheap (no
-        device initialisation, no heavy import) and never raise. The default: available,
-        or, for a platform that overrides only :meth:`is_available`, its answer.
-        """
-        if type(self).is_available is not Platform.is_available:
-            return None if self.is_available() else "is_available() returned False"
-        return None
-
-    def is_available(self) -> bool:
-        """Whether this machine can run the platform: :meth:`unavailable_reason` is None."""
-        return self.unavailable_reason() is None
-
-    def device_info(self) -> dict[str, Any]:
-        """(optional) override: facts for ``core devices`` (name, count, memory, ISA flags)."""
-        return {}
-
-    # -- configuration ---------------------------------------------------------------
     @functools.cached_property
     def env(self) -> dict[str, Any]:
         """The parsed values of :attr:`env_vars`, ``{name: value}``, read once.
@@ -89,7 +104,7 @@ class Platform:
         return read_env(self.env_vars)
 
     def read_env(self, environ: Mapping[str, str]) -> dict[str, Any]:
-        """Parse :attr:`env_vars` from ``environ`` (used by tests and ``--env``)."""
+        """Parse :attr:`env_vars` from ``environ`` (the conformance kit and backend tests pass their own)."""
         return read_env(self.env_vars, environ)
 
     def check_config(self, config: EngineConfigView) -> dict[str, Any]:
@@ -112,6 +127,7 @@ class Platform:
         """
         return 2048
 
+    # -- device set-up (optional) ----------------------------------------------------
     def init_device(self, config: EngineConfigView) -> None:
         """(optional) override: device set-up once this platform is chosen (thread binding,
         device selection). Heavy imports belong here, not at import.
@@ -124,14 +140,28 @@ class Platform:
         loop) so that it does not compete with the compute threads. Called by the engine
         in that thread after :meth:`init_device`. Default: nothing."""
 
-    # -- parts the engine uses ---------------------------------------------------------
+    def device_info(self) -> dict[str, Any]:
+        """(optional) override: facts for ``core devices`` (name, count, memory, ISA flags)."""
+        return {}
+
+    def torch_device(self):
+        """The ``torch.device`` tensors are placed on (default: ``device_type``)."""
+        import torch
+
+        return torch.device(self.device_type)
+
+    def synchronize(self) -> None:
+        """(optional) override: wait for queued device work (used by timing and profiling)."""
+
+    # -- compute: kernels, memory, execution (optional) ------------------------------
     @functools.cached_property
     def kernels(self):
         """The kernel set (:class:`plugins.kernels.Kernels`). Override :meth:`make_kernels`."""
         return self.make_kernels()
 
     def make_kernels(self):
-        """(optional) override to return a :class:`plugins.kernels.Kernels` subclass instance."""
+        """(optional) override to return a :class:`plugins.kernels.Kernels` subclass instance
+        (each op with the reference's signature: the conformance kit checks it)."""
         from plugins.kernels import Kernels
 
         return Kernels()
@@ -158,6 +188,13 @@ class Platform:
 
         return Runner(self)
 
+    # -- distributed (optional) ------------------------------------------------------
+    #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
+    distributed_backend: ClassVar[str] = "gloo"
+    #: the Ray resource one rank reserves under ``--distributed-executor-backend ray``: ``"CPU"``,
+    #: ``"GPU"`` (CUDA, ROCm) or the vendor's key (``"TPU"``, ``"HPU"``, ``"neuron_cores"``)
+    ray_device_key: ClassVar[str] = "CPU"
+
     def make_communicator(self, rank: int, world_size: int, init_method: str):
         """(optional) override: the collectives of one tensor-parallel rank of this platform.
 
@@ -173,15 +210,7 @@ class Platform:
 
         return Communicator(self.distributed_backend, rank, world_size, init_method)
 
-    def torch_device(self):
-        """The ``torch.device`` tensors are placed on (default: ``device_type``)."""
-        import torch
-
-        return torch.device(self.device_type)
-
-    def synchronize(self) -> None:
-        """(optional) override: wait for queued device work (used by timing and profiling)."""
-
+    # -- observability and device-specific extras (optional) -------------------------
     def metrics(self) -> dict[str, float]:
         """(optional) override: the platform's own gauges ``{name: value}`` (e.g. graphs
         compiled so far); the server's ``/metrics`` shows each as ``core:platform_<name>``.
@@ -189,11 +218,22 @@ class Platform:
         return {}
 
     def get_extension(self, name: str) -> Any | None:
-        """(optional) override: a device-specific extra by name, or None if not provided.
+        """(optional) override: a device-specific extra by name, or None where the platform has none.
 
-        The escape hatch for features that are not part of the shared interface.
+        The escape hatch for what is not part of the shared interface, so the interface does
+        not grow one device's methods: tools ask for a name and handle None. The CPU plugins
+        with native kernels answer ``"kernel_isa"`` (the ISA variant their kernels run).
         """
         return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"
+
+
+def missing_members(cls: type[Platform]) -> list[str]:
+    """The required members ``cls`` lacks: unset :data:`REQUIRED_ATTRIBUTES`, and its availability
+    when it overrides neither :meth:`Platform.unavailable_reason` nor :meth:`Platform.is_available`."""
+    missing = [attr for attr in REQUIRED_ATTRIBUTES if getattr(cls, attr, None) is None]
+    if cls.unavailable_reason is Platform.unavailable_reason and cls.is_available is Platform.is_available:
+        missing.append("unavailable_reason() (or is_available())")
+    return missing

@@ -34,7 +34,11 @@ class ReferencePlatform(Platform):
 
     name = "reference"
     device_type = "cpu"
+    priority = 0
     supported_kv_cache_dtypes = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2")
+
+    def unavailable_reason(self) -> str | None:
+        return None  # torch on the host CPU
 
 
 def tiny_model_config(config_cls: Any = None, **overrides: Any) -> Any:

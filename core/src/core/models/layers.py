@@ -185,13 +185,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.kernels.rotary_embedding(positions, q, k, cos_sin_cache)
-        k_cache, v_cache, *kv_scale = kv_cache
-        # the window and an E4M3 cache's scales go only where they exist: kernels written
-        # before them keep working
-        scaled = {"kv_scale": kv_scale[0]} if kv_scale else {}
-        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, **scaled)
-        window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
-        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, **window, **scaled)
+        k_cache, v_cache, *scales = kv_cache  # an E4M3 cache comes with its scales
+        kv_scale = scales[0] if scales else None
+        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, kv_scale=kv_scale)
+        out = self.kernels.paged_attention(
+            q, k_cache, v_cache, meta, self.scale, sliding_window=self.sliding_window, kv_scale=kv_scale
+        )
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return self.tp.all_reduce(out) if self.tp is not None else out
 

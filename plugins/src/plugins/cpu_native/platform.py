@@ -9,7 +9,7 @@ its library and variants (:attr:`isa_table`) and says whether the host CPU fits.
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from plugins.cpu import CPU_ENV_VARS, CpuPlatform
 from plugins.cpu_native.library import IsaTable, library_path, select_isa
@@ -42,7 +42,7 @@ def native_env_vars(table: IsaTable) -> tuple[EnvVar, ...]:
     )
 
 
-class NativeCpuPlatform(CpuPlatform):
+class NativeCpuPlatform(CpuPlatform, abstract=True):
     """Base of the CPU backends with native kernels. Subclasses set ``name``,
     :attr:`isa_table`, ``env_vars = native_env_vars(isa_table)`` and implement
     :meth:`host_unavailable_reason`."""
@@ -88,6 +88,10 @@ class NativeCpuPlatform(CpuPlatform):
             "(CORE_CPU_QUANT_ACTIVATIONS=1: int8 ones, as llama.cpp)",
         )
         return kernels
+
+    def get_extension(self, name: str) -> Any | None:
+        """``"kernel_isa"``: the ISA variant the kernels run (``"avx512"``, ``"neon"``, ...)."""
+        return self.kernels.isa if name == "kernel_isa" else None
 
     def make_runner(self):
         from plugins.cpu_native.runner import NativeCpuRunner

@@ -1,4 +1,4 @@
-"""The conformance checks of KV caches of a declared dtype (part of :class:`plugins.testing.PlatformConformance`).
+"""The kit's checks of KV caches of each dtype a platform declares.
 
 For each dtype a platform declares in :attr:`plugins.Platform.supported_kv_cache_dtypes`
 (the 16-bit and one-byte ones): its ``write_kv_cache`` stores what the SDK's reference stores
@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from plugins.testing.base import ConformanceBase
 
 
-class KvCacheDtypeConformance:
-    """Mixed into :class:`plugins.testing.PlatformConformance`; ``kv_cache_dtype`` is
-    parametrized over the platform's declared dtypes (None: the check is skipped)."""
+class KvCacheDtypeChecks(ConformanceBase):
+    """``kv_cache_dtype`` is parametrized over the platform's declared dtypes (None: the check is skipped)."""
 
     def test_declared_kv_cache_dtypes_are_known(self, plat) -> None:
         from plugins.kv_cache import DECLARABLE_KV_DTYPES

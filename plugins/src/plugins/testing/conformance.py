@@ -1,0 +1,12 @@
+""":class:`PlatformConformance` (contract): the kit's checks in one class a backend's tests inherit."""
+
+from __future__ import annotations
+
+from plugins.testing.identity import IdentityChecks
+from plugins.testing.kernel_checks import KernelChecks
+from plugins.testing.kv_dtypes import KvCacheDtypeChecks
+from plugins.testing.runtime import RuntimeChecks
+
+
+class PlatformConformance(IdentityChecks, KernelChecks, KvCacheDtypeChecks, RuntimeChecks):
+    """Inherit this in a backend's tests and set :attr:`platform` to its Platform class."""

@@ -1,0 +1,124 @@
+"""The kit's checks of a platform's runtime parts: memory profiler, runner, communicator, generation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from plugins.reference import ReferencePlatform, engine_config, tiny_model_config
+from plugins.testing.base import ConformanceBase
+
+
+def first_difference(name: str, device: list[list[int]], reference: list[list[int]]) -> str | None:
+    """Where platform ``name``'s generated token lists first differ from the reference's; None if equal."""
+    for i, (got, want) in enumerate(zip(device, reference, strict=True)):
+        if got == want:
+            continue
+        step = next((s for s, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        chose = [str(tokens[step]) if step < len(tokens) else "(nothing)" for tokens in (got, want)]
+        return (
+            f"prompt {i}: {name} and the reference platform first differ at generated token {step} "
+            f"({name} chose {chose[0]}, the reference {chose[1]}); {name}: {got}; reference: {want}"
+        )
+    return None
+
+
+class RuntimeChecks(ConformanceBase):
+    """The memory profiler, the runner (padded equals eager), the communicator and greedy generation."""
+
+    def test_memory_profiler(self, device_plat) -> None:
+        from plugins.memory import KVCachePlan
+
+        mem = device_plat.memory
+        total, free = mem.total_memory(), mem.free_memory()
+        assert total > 0 and 0 <= free <= total, f"total={total} free={free}"
+        assert mem.measure_peak(lambda: None) >= 0
+        assert isinstance(mem.needs_profile_run, bool), "MemoryProfiler.needs_profile_run must be a bool"
+
+        config = engine_config(kv_cache_bytes=64 << 20, gpu_memory_utilization=0.5)
+        plan = mem.plan_kv_cache(config, block_bytes=1 << 20, peak_activation_bytes=0)
+        assert isinstance(plan, KVCachePlan) and plan.num_blocks >= 0 and plan.detail
+        assert plan.num_blocks * plan.block_bytes <= max(plan.budget_bytes, 0)
+        import torch
+
+        dtype, dev = getattr(torch, device_plat.supported_dtypes[0]), device_plat.torch_device()
+        cache = mem.allocate_kv_cache((3, 16, 2, 8), dtype, dev)
+        assert cache.shape == (3, 16, 2, 8) and cache.dtype == dtype and cache.device.type == dev.type
+
+    def test_runner_padding_equals_eager(self, device_plat, gen) -> None:
+        import torch
+        from plugins.runner import ModelInputs, Runner, pad_inputs
+
+        dtype_name = device_plat.supported_dtypes[0]
+        dev = device_plat.torch_device()
+        model = _TinyAttentionModel(device_plat.kernels, dtype_name, dev, gen)
+        meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [1, 1, 1], [9, 30, 2], 2, 32, 16)
+        ids = torch.randint(0, 100, (3,), generator=gen).to(dev)
+        inputs = ModelInputs(ids, torch.tensor(meta.seq_lens_host, device=dev) - 1, meta)
+        config = engine_config(device=device_plat.name, dtype=dtype_name, max_num_seqs=8, block_size=16)
+        caches = [(k_cache.clone(), v_cache.clone())]
+        eager_runner = Runner(device_plat)
+        eager_runner.prepare(model, caches, config)
+        eager = eager_runner.execute(inputs)
+        padded_caches = [(k_cache.clone(), v_cache.clone())]
+        runner = device_plat.make_runner()
+        runner.prepare(model, padded_caches, config)
+        padded = runner.forward(pad_inputs(inputs, 8))[:3]
+        self._assert_close(padded, eager, dtype_name, "padded forward vs eager")
+        self._assert_close(padded_caches[0][0], caches[0][0], dtype_name, "KV cache after padded forward")
+
+    def test_communicator_two_processes(self, device_plat) -> None:
+        """The platform's communicator sums and gathers across two processes."""
+        from plugins.distributed import check_communicator
+
+        if device_plat.device_type != "cpu" and device_plat.device_info().get("count", 0) < 2:
+            pytest.skip(f"{device_plat.name}: the communicator check needs two devices")
+        check_communicator(type(device_plat))
+
+    def test_greedy_generation_matches_reference(self, device_plat, tmp_path) -> None:
+        core = pytest.importorskip("core", reason="install `core` to run the end-to-end conformance check")
+        import torch
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        LlamaForCausalLM(tiny_model_config()).save_pretrained(tmp_path)
+        prompts = [[1, 5, 9, 33, 2], list(range(3, 40)), [7]]
+        params = core.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+        def run(device: Any) -> list[list[int]]:
+            llm = core.LLM(model=str(tmp_path), device=device, dtype="float32", skip_tokenizer_init=True, seed=0)
+            outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+            llm.shutdown()
+            return [o.outputs[0].token_ids for o in outs]
+
+        difference = first_difference(device_plat.name, run(device_plat), run(ReferencePlatform()))
+        assert difference is None, difference
+
+
+class _TinyAttentionModel:
+    """Embedding -> write K/V -> paged attention -> projection (-> logits): enough to test a runner."""
+
+    def __init__(self, kernels: Any, dtype_name: str, device: Any, gen: Any) -> None:
+        import torch
+
+        dtype = getattr(torch, dtype_name)
+        self.kernels = kernels
+        self.embed = (torch.randn(100, 3 * 2 * 32, generator=gen) * 0.5).to(device=device, dtype=dtype)
+        self.proj = kernels.prepare_linear(
+            (torch.randn(16, 2 * 32, generator=gen) * 0.2).to(device=device, dtype=dtype), None
+        )
+        self.head = kernels.prepare_linear(
+            (torch.randn(100, 16, generator=gen) * 0.2).to(device=device, dtype=dtype), None
+        )
+
+    def __call__(self, input_ids, positions, kv_caches, meta):
+        qkv = self.embed[input_ids].view(-1, 3, 2, 32)
+        q, k, v = qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2].contiguous()
+        k_cache, v_cache = kv_caches[0]
+        self.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = self.kernels.paged_attention(q, k_cache, v_cache, meta, 32**-0.5)
+        return self.kernels.linear(out.flatten(1), self.proj)
+
+    def compute_logits(self, hidden):
+        """float32 logits over a vocabulary of 100 (what a runner's ``compute_logits`` calls)."""
+        return self.kernels.linear(hidden, self.head).float()
