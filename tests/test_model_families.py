@@ -163,3 +163,30 @@ def test_gguf_matches_transformers(family, tokenizer, tmp_path):
               skip_tokenizer_init=True)  # fmt: skip
     assert type(llm.engine.loaded.model).__name__ == type(hf_model).__name__
     check(llm, hf_model, prompt_token_ids=[tokenizer(text).input_ids for text in TEXTS])
+
+
+@pytest.mark.slow  # two spawned workers a run
+@pytest.mark.parametrize(("family", "form"), [("qwen3_moe", "folder"), ("mixtral", "gguf")])
+def test_tp2_splits_experts(family, form, tokenizer, tmp_path):
+    """Every expert split along its intermediate dimension over 2 ranks: the tokens of one rank."""
+    from plugins.reference import ReferencePlatform
+
+    hf_model = build(family, tokenizer)
+    if form == "gguf":
+        path = tmp_path / f"{family}.gguf"
+        write_gguf(hf_model, GGUF_ARCHS[family], path)
+    else:
+        path = tmp_path
+        hf_model.save_pretrained(path)
+    prompts = [tokenizer(text).input_ids for text in TEXTS]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = {}
+    for tp in (1, 2):
+        llm = LLM(model=str(path), device=ReferencePlatform(), dtype="float32", max_model_len=256,
+                  kv_cache_bytes=1 << 24, skip_tokenizer_init=True, tensor_parallel_size=tp)  # fmt: skip
+        try:
+            outs[tp] = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                      use_tqdm=False)]  # fmt: skip
+        finally:
+            llm.shutdown()
+    assert outs[2] == outs[1]

@@ -118,8 +118,8 @@ class GGUFIndex:
         with its numbers in ``byte_order`` (the platform's, :attr:`plugins.Platform.byte_order`;
         the file's are little-endian).
 
-        ``rows`` and ``byte_cols`` select a window (whole blocks or elements); only that
-        window is read from the file.
+        ``rows`` (a slice or an array of row numbers) and ``byte_cols`` select a window (whole
+        blocks or elements); only that window is read from the file.
         """
         info = self.tensors[name]
         num_rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
@@ -140,5 +140,7 @@ class GGUFIndex:
             values = dequantize(info.qtype, raw, raw.shape[0], raw.shape[-1] // size * block)
         else:
             values = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[info.qtype]))
+        if len(info.shape) == 3:  # a stack of experts' matrices (of a window of their rows or columns)
+            return values.reshape(info.shape[0], raw.shape[0] // info.shape[0], -1).float()
         shape = (-1,) if len(info.shape) == 1 else (raw.shape[0], -1) if len(info.shape) == 2 else info.shape
         return values.reshape(shape).float()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from plugins.kernels import GGUFWeight
 from tqdm.auto import tqdm
@@ -215,7 +216,11 @@ def _read(
     part = plan.slice_for(hf_name) if plan is not None else None
     rows, byte_cols, num_cols = slice(None), slice(None), info.shape[-1]
     if part is not None and not part.zero:
-        if part.dim == 0 and len(info.shape) > 1:
+        if part.dim == 0 and len(info.shape) == 3:  # a stack of experts' matrices: rows of each
+            per_expert = info.shape[1]
+            rows = np.concatenate([np.arange(e * per_expert + part.start, e * per_expert + part.stop)
+                                   for e in range(info.shape[0])])  # fmt: skip
+        elif part.dim == 0 and len(info.shape) > 1:
             rows = slice(part.start, part.stop)
         else:  # input columns, or the elements of a 1-D tensor
             byte_cols = slice(*gguf_byte_columns(info.qtype, info.shape[-1], part))

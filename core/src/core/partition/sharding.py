@@ -9,6 +9,9 @@
   other ranks hold zeros);
 - KV heads are split across ranks, or replicated when there are fewer KV heads than
   ranks (rank ``r`` then keeps KV head ``r // (world_size // num_kv_heads)``);
+- mixture-of-experts layers: every expert is split along its intermediate dimension as a
+  gated MLP is (gate/up rows, down columns, for one expert's matrix or a stack of them);
+  the router is replicated;
 - norms and rope tables are replicated.
 
 The loaders read only a rank's slice (safetensors slices, GGUF byte ranges), so no
@@ -25,6 +28,10 @@ import torch
 from plugins.kernels import GGUFWeight
 
 _LAYER_WEIGHT = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias)")
+# one expert's projection (Qwen3-MoE, Mixtral names) or every expert's stacked (GGUF)
+_EXPERT_WEIGHT = re.compile(
+    r"model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts\.(?:\d+\.)?(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight"
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class ShardPlan:
         if heads % kv_heads:
             raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         _need_divisible("intermediate_size", inter, world_size)
+        expert_inter = getattr(config, "moe_intermediate_size", None) or inter  # Mixtral's experts: intermediate_size
+        _need_divisible("moe_intermediate_size", expert_inter, world_size)
         group = heads // kv_heads  # query heads per KV head; a rank holds whole groups or an equal part of one
         if kv_heads >= world_size:  # split the KV heads (unevenly when they do not divide: 3 over 2 is 1 + 2)
             kv_first, kv_stop = rank * kv_heads // world_size, (rank + 1) * kv_heads // world_size
@@ -99,6 +108,9 @@ class ShardPlan:
             "o_proj": (Slice(1, rows_q.start, rows_q.stop), None),
             "down_proj": (Slice(1, i0, rows_i.stop), None),
         }
+        e0, e1 = split_range(expert_inter, rank, world_size)
+        gate_up, down = Slice(0, e0, e1), Slice(1, e0, e1)  # Mixtral's w1/w3 are gate/up, w2 down
+        self._expert_slices = dict(gate_proj=gate_up, up_proj=gate_up, w1=gate_up, w3=gate_up, down_proj=down, w2=down)
         self._vocab_rows = Slice(0, self.vocab_start, self.vocab_stop)
 
     @property
@@ -106,11 +118,14 @@ class ShardPlan:
         return self.world_size > 1
 
     def slice_for(self, name: str) -> Slice | None:
-        """The part of weight ``name`` (a Hugging Face name) this rank keeps; None: all of it."""
+        """The part of weight ``name`` (a Hugging Face name) this rank keeps; None: all of it.
+        For a stack of experts' matrices ``[E, rows, cols]`` the slice is of each expert's."""
         if not self.is_sharded:
             return None
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             return self._vocab_rows
+        if expert := _EXPERT_WEIGHT.fullmatch(name):
+            return self._expert_slices[expert[1]]
         match = _LAYER_WEIGHT.fullmatch(name)
         if match is None or match[2] not in self._slices:
             return None  # norms, rope tables: replicated
