@@ -37,6 +37,7 @@ from core.server.errors import APIError, document_error_statuses, error_response
 from core.server.frontend import Frontend
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from core.server.reasoning import get_reasoning_parser
 from core.server.streaming import ClientDisconnected
 from core.tools import get_tool_parser
 
@@ -208,6 +209,7 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         if args.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME: how the model writes calls")
         tool_parser = get_tool_parser(args.tool_call_parser)
+    reasoning_parser = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
     engines: list[AsyncEngine] = []
     try:
         for replica in range(config.data_parallel_size):
@@ -241,7 +243,7 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
     budget = TemplateBudget(timeout_s=args.chat_template_timeout, max_output_bytes=args.chat_template_max_bytes)
     fe = Frontend(
         engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template,
-        tool_parser,
+        tool_parser, reasoning_parser,
     )  # fmt: skip
     cors = CorsSettings(
         tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers), args.allow_credentials

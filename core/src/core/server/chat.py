@@ -13,6 +13,7 @@ from core.server.errors import bad_request
 from core.server.frontend import Frontend
 from core.server.handler import Handler
 from core.server.params import chat_params
+from core.server.reasoning import ReasoningStream
 from core.server.responses import usage
 from core.server.streaming import ChoiceCursor, sse
 
@@ -68,8 +69,12 @@ class ChatHandler(Handler):
         (final,) = finals
         choices = []
         for c in final.outputs:
-            content, calls, finish_reason = self.tools.split(c.text, c.finish_reason)
+            parser = self.fe.reasoning_parser
+            reasoning, text = parser.split(c.text) if parser is not None else (None, c.text)
+            content, calls, finish_reason = self.tools.split(text, c.finish_reason)
             message: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning is not None:
+                message["reasoning"] = message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [call.to_json() for call in calls]
             choices.append(
@@ -83,13 +88,18 @@ class ChatHandler(Handler):
             )
         return {**self.envelope(self.object_name, choices), "usage": usage(finals)}
 
-    def _delta(self, c: CompletionOutput, cursor: ChoiceCursor, tools: ToolStream) -> dict[str, Any] | None:
+    def _delta(
+        self, c: CompletionOutput, cursor: ChoiceCursor, reasoning: ReasoningStream, tools: ToolStream
+    ) -> dict[str, Any] | None:
         _, new_ids, entries = cursor.advance(c.text, c.token_ids, c.logprobs)
-        text, calls, finish_reason = tools.advance(c.text, c.finish_reason)
-        if not text and not calls and c.finish_reason is None and not (self.req.logprobs and new_ids):
+        thought, content = reasoning.advance(c.text, c.finish_reason is not None)
+        text, calls, finish_reason = tools.advance(content, c.finish_reason)
+        if not (text or calls or thought) and c.finish_reason is None and not (self.req.logprobs and new_ids):
             return None
         cursor.is_finished = c.finish_reason is not None
         delta: dict[str, Any] = {"content": text} if text else {}
+        if thought:
+            delta["reasoning"] = delta["reasoning_content"] = thought
         if calls:
             delta["tool_calls"] = calls
         return {
@@ -106,6 +116,7 @@ class ChatHandler(Handler):
         n = self.req.n
         cursors = [ChoiceCursor() for _ in range(n)]
         tool_streams = [ToolStream(self.tools) for _ in range(n)]
+        reasoning = [ReasoningStream(self.fe.reasoning_parser) for _ in range(n)]
         # the role goes first, as OpenAI sends it
         yield sse(
             self.chunk(
@@ -119,7 +130,8 @@ class ChatHandler(Handler):
             deltas = [
                 d
                 for c in out.outputs
-                if not cursors[c.index].is_finished and (d := self._delta(c, cursors[c.index], tool_streams[c.index]))
+                if not cursors[c.index].is_finished
+                and (d := self._delta(c, cursors[c.index], reasoning[c.index], tool_streams[c.index]))
             ]
             if deltas:
                 yield sse(self.chunk(deltas))

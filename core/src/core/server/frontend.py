@@ -33,6 +33,7 @@ from core.server.chat_templates import (
 )
 from core.server.errors import APIError, bad_request
 from core.server.metrics import RequestTracker, ServerMetrics
+from core.server.reasoning import ReasoningParser
 from core.structured import StructuredOutputsParams
 from core.tools import ToolParser, template_messages
 from core.tools.messages import reads_tools
@@ -115,6 +116,7 @@ class Frontend:
     :param template_budget: what one chat template render may take.
     :param tool_parser: how the model writes tool calls (``--tool-call-parser``), when the server
         answers ``tool_choice: auto`` (``--enable-auto-tool-choice``); None: it refuses it.
+    :param reasoning_parser: how the model marks its reasoning (``--reasoning-parser``); None: no split.
     :param trust_request_chat_template: whether a request may bring its own chat template
         (rendered in a sandbox process within ``template_budget``); without it such a request is a 400.
     """
@@ -123,6 +125,7 @@ class Frontend:
         self, engines: AsyncEngine | list[AsyncEngine], model_name: str, max_queue_len: int,
         chat_template: str | None = None, template_budget: TemplateBudget | None = None,
         trust_request_chat_template: bool = False, tool_parser: ToolParser | None = None,
+        reasoning_parser: ReasoningParser | None = None,
     ) -> None:  # fmt: skip
         self.replicas = engines if isinstance(engines, list) else [engines]
         self.engine = self.replicas[0]  # the tokenizer and limits: the same in every replica
@@ -133,6 +136,7 @@ class Frontend:
         self.template_budget = template_budget or TemplateBudget()
         self.sandbox = TemplateSandbox(self.template_budget) if trust_request_chat_template else None
         self.tool_parser = tool_parser  # for tool_choice "auto" (--enable-auto-tool-choice)
+        self.reasoning_parser = reasoning_parser  # splits <think> text out of chat answers
         self.max_model_len: int = llm.config.max_model_len
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
