@@ -20,6 +20,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "core"
 LAYERS: list[set[str]] = [
     # structured outputs' request params ride in SamplingParams: the feature sits this low
     {"config", "sampling_params", "outputs", "sequence", "detokenizer", "discovery", "structured"},
+    {"tools"},  # tool calling: tool_choice as a structured-outputs constraint, the parsers the server runs
     {"partition"},  # sharding plans and the collectives of a split model
     {"models"},
     {"loader"},
