@@ -218,3 +218,14 @@ def test_kit_fails_a_kernel_whose_signature_differs(tmp_path):
     assert "DriftedKernels.paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None) but" in (
         result.stdout
     )
+
+
+def test_kit_fails_an_encoder_attention_that_leaks_across_sequences(tmp_path):
+    """Encoders' attention over the whole flattened batch as one sequence: right for one sequence, wrong for several."""
+    kernels = """
+        def encoder_attention(self, q, k, v, query_start_loc, seq_lens, scale):
+            return super().encoder_attention(q, k, v, query_start_loc[[0, -1]], [sum(seq_lens)], scale)
+    """
+    result = run_kit_on_kernels(tmp_path, "Leaky", kernels, "-k", "encoder_attention", float32_only=True)
+    assert result.returncode == 1, result.stdout
+    assert "3 failed, 1 passed" in result.stdout and "encoder_attention (contiguous)" in result.stdout

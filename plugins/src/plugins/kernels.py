@@ -114,6 +114,44 @@ class Kernels:
         masked = logits.index_select(0, index).masked_fill_(~allowed.to(logits.device), float("-inf"))
         logits.index_copy_(0, index, masked)
 
+    def encoder_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: list[int],
+        scale: float,
+    ) -> torch.Tensor:
+        """(optional) Pooling: bidirectional attention within each sequence of a flattened batch (encoders).
+
+        :param q: ``[T, Hq, D]`` queries of every sequence's tokens, concatenated.
+        :param k: ``[T, Hk, D]`` keys of the same tokens; ``v`` their values. No KV cache is read or written.
+        :param query_start_loc: int32 ``[N + 1]`` on ``q``'s device: sequence ``i`` owns rows
+            ``query_start_loc[i]:query_start_loc[i + 1]``.
+        :param seq_lens: the ``N`` sequences' lengths on the host (they sum to ``T``).
+        :param scale: the softmax scale.
+
+        Every query sees every key of its own sequence, none of another's (no causal mask).
+        GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns ``[T, Hq, D]`` in
+        ``q``'s dtype. The reference pads the sequences to the longest and masks the padding.
+        """
+        num_seqs, longest = len(seq_lens), max(seq_lens, default=0)
+        group = q.shape[1] // k.shape[1]
+        lens = torch.tensor(seq_lens, device=q.device)
+        valid = torch.arange(longest, device=q.device) < lens.unsqueeze(1)  # [N, L]
+
+        def padded(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [N, H, L, D] in float32
+            out = x.new_zeros((num_seqs, longest, *x.shape[1:]), dtype=torch.float32)
+            out[valid] = x.float()
+            return out.transpose(1, 2)
+
+        keys = padded(k).repeat_interleave(group, dim=1)
+        values = padded(v).repeat_interleave(group, dim=1)
+        mask = valid[:, None, None, :]  # keys of the query's own sequence
+        out = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=mask, scale=scale)
+        return out.transpose(1, 2)[valid].to(q.dtype)
+
     def write_kv_cache(
         self,
         k: torch.Tensor,

@@ -17,6 +17,8 @@ and inherits every check, one module of this package per concern:
   :class:`plugins.kernels.Kernels`, and its results against the torch reference on fresh
   random inputs at several shapes and each supported dtype;
 - :mod:`plugins.testing.kv_dtypes`: KV caches of each declared dtype;
+- :mod:`plugins.testing.moe_checks` and :mod:`plugins.testing.pooling_checks`: the MoE and
+  pooling (encoder attention) hooks against their references;
 - :mod:`plugins.testing.runtime`: memory profiler sanity, runner padding equal to eager,
   the communicator, and end-to-end greedy generation on a tiny random model equal to the
   reference platform's tokens (when ``core`` is installed).
