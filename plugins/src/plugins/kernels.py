@@ -9,6 +9,7 @@ query/key-value heads and ``D`` for the head size.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,6 +44,10 @@ class GGUFWeight:
         :raises UnsupportedFeature: for a type without a reference dequantization.
         """
         return dequantize(self.qtype, self.data, self.rows, self.cols)
+
+
+#: for each byte value, which of its 8 bits (low first) are 0: a bitmask byte's forbidden tokens
+_FORBIDDEN_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1) == 0
 
 
 class Kernels:
@@ -108,11 +113,16 @@ class Kernels:
         Every forbidden logit becomes ``-inf``; other rows and allowed logits are untouched.
         """
         width = logits.shape[1]
-        bits = torch.arange(32, dtype=torch.int32)
-        allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :width]  # [R, V]
+        words = bitmask.contiguous().view(torch.uint8).view(len(rows), -1, 4)
+        if sys.byteorder == "big":  # bytes of a word from its low bits up
+            words = words.flip(-1)
+        forbidden = _FORBIDDEN_BITS[words.flatten(1).long()].flatten(1)[:, :width]  # [R, V]
+        forbidden = forbidden.to(logits.device)
+        if list(rows) == list(range(logits.shape[0])):
+            logits.masked_fill_(forbidden, float("-inf"))
+            return
         index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-        masked = logits.index_select(0, index).masked_fill_(~allowed.to(logits.device), float("-inf"))
-        logits.index_copy_(0, index, masked)
+        logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(forbidden, float("-inf")))
 
     def encoder_attention(
         self,
