@@ -97,3 +97,26 @@ def test_a_bad_constraint_is_a_value_error_naming_it(llm, structured, words):
     with pytest.raises(ValueError, match=words):
         llm.generate(["Hi"], _params(**structured), use_tqdm=False)
     assert not llm.engine.requests  # nothing was left behind
+
+
+def test_structural_tag_constrains_only_what_is_between_its_tags(llm):
+    """vLLM's structural tag: free text, and a schema between begin and end once a trigger starts it."""
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<function=f>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                        "required": ["a"], "additionalProperties": False}, "end": "</function>"}],
+        "triggers": ["<function="],
+    }  # fmt: skip
+    spec = StructuredOutputsParams(structural_tag=tag)
+    structured, tokenizer = llm.engine.structured, llm.get_tokenizer()
+    if structured._get_backend().name != "xgrammar":
+        with pytest.raises(ValueError, match="xgrammar"):
+            structured.compile(spec)
+        return
+
+    def accepts(text: str) -> bool:
+        matcher = structured.matcher(spec)
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert accepts('Sure: <function=f>{"a": 1}</function> done')
+    assert not accepts('Sure: <function=f>{"b": 1}</function>')

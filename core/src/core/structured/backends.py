@@ -210,10 +210,19 @@ class XGrammarBackend:
                         "xgrammar reads GBNF/EBNF grammars (root ::= ...); Lark needs the guidance backend"
                     )
                 return compiler.compile_grammar(spec.grammar)
-            return compiler.compile_structural_tag(json.dumps(spec.structural_tag))
+            tag = spec.structural_tag
+            if isinstance(tag, dict) and "structures" in tag:  # vLLM's form: begin/schema/end items and triggers
+                import xgrammar
+
+                items = [
+                    xgrammar.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                    for s in tag["structures"]
+                ]
+                return compiler.compile_structural_tag(items, tag["triggers"])
+            return compiler.compile_structural_tag(json.dumps(tag))  # xgrammar's own form (with "format")
         except ValueError:
             raise
-        except Exception as exc:  # the library's own parse errors (RuntimeError)
+        except Exception as exc:  # the library's own parse errors (RuntimeError, KeyError in a malformed tag)
             raise ValueError(f"structured_outputs.{kind}: {exc}") from None
 
     def matcher(self, grammar: Any) -> Matcher:
