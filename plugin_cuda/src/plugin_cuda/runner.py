@@ -151,7 +151,8 @@ class CudaGraphRunner(Runner):
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
         """The captured size a decode batch is padded to, or None to run it eagerly."""
         meta = inputs.attn_metadata
-        if not self._graphs or not meta.num_seqs or not meta.is_decode_only:
+        # the graphs were captured without LoRA deltas: a step with adapter rows runs eagerly
+        if not self._graphs or not meta.num_seqs or not meta.is_decode_only or inputs.lora is not None:
             return None
         size = padded_size(self.capture_sizes, meta.num_seqs)
         if size is None or meta.block_tables.shape[1] > self._static.max_blocks_per_seq:

@@ -211,5 +211,7 @@ class HpuRunner(Runner):
 
     def forward(self, inputs: ModelInputs, key: tuple[Bucket, bool] | None = None) -> torch.Tensor:
         """Run ``inputs``: through the graph when ``key`` (bucket, is_prompt) is graphed, else eagerly."""
-        runnable = self._graph_model if key is not None and self.uses_graph(*key) else self.model
+        # graphs hold no LoRA deltas: a step with adapter rows runs eagerly
+        graphed = key is not None and inputs.lora is None and self.uses_graph(*key)
+        runnable = self._graph_model if graphed else self.model
         return runnable(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)

@@ -21,6 +21,7 @@ from plugins.gguf_quants import dequantize
 from plugins.int_quant import INT_FORMATS, IntWeight
 from plugins.kv_cache import as_bytes, calibrate, quantize
 from plugins.kv_cache import dequantize as dequantize_kv
+from plugins.lora import LoRAMapping, expand, shrink
 from plugins.moe import ExpertWeights, grouped_experts
 
 
@@ -161,6 +162,33 @@ class Kernels:
         mask = valid[:, None, None, :]  # keys of the query's own sequence
         out = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=mask, scale=scale)
         return out.transpose(1, 2)[valid].to(q.dtype)
+
+    def lora_shrink(self, x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+        """(optional) LoRA: the first product of a mixed batch's adapter deltas (:mod:`plugins.lora`).
+
+        :param x: ``[T', in]`` the adapted linear's input (``T' >= mapping.num_rows``: padded rows are base rows).
+        :param lora_a: ``[S, R, in]`` the linear's ``A`` matrices, one per adapter slot, in the compute dtype.
+        :param mapping: each row's slot (``-1``: base row).
+
+        Returns float32 ``[T', R]``: ``lora_a[slot(t)] @ x[t]`` on adapter rows, 0 on base rows.
+        """
+        return shrink(x, lora_a, mapping)
+
+    def lora_expand(
+        self, y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, mapping: LoRAMapping, offset: int = 0
+    ) -> None:
+        """(optional) LoRA: add the second product to the linear's output, in place.
+
+        :param y: ``[T', N_total]`` the base linear's output.
+        :param h: float32 ``[T', R]`` from :meth:`lora_shrink` (a column slice of it for one part
+            of a fused projection).
+        :param lora_b: ``[S, N, R]`` the ``B`` matrices (scale folded in), one per slot.
+        :param offset: the first of the ``N`` columns of ``y`` this part writes.
+
+        ``y[t, offset : offset + N] += lora_b[slot(t)] @ h[t]`` on adapter rows (summed in
+        float32, stored in ``y``'s dtype); base rows and other columns are untouched.
+        """
+        expand(y, h, lora_b, mapping, offset)
 
     def write_kv_cache(
         self,

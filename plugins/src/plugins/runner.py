@@ -17,15 +17,22 @@ from typing import Any
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.config import EngineConfigView
+from plugins.lora import LoRAMapping
 
 
 @dataclass
 class ModelInputs:
-    """One step's inputs of the model forward, flattened as in :mod:`plugins.attention`."""
+    """One step's inputs of the model forward, flattened as in :mod:`plugins.attention`.
+
+    ``lora``: which rows run with which LoRA adapter, None when none does. The model's linears
+    already hold it (core sets it for the step): a runner that replays a graph or runs its own
+    forward pass without the model's linears runs a step that has one eagerly instead.
+    """
 
     input_ids: torch.Tensor  # int64 [T]
     positions: torch.Tensor  # int64 [T]
     attn_metadata: AttentionMetadata
+    lora: LoRAMapping | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -35,8 +42,8 @@ class ModelInputs:
 def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
     """Pad a decode-only batch to ``num_seqs`` sequences of one token each.
 
-    Padding tokens have id 0, position 0 and slot -1 (never written); padding
-    sequences have ``seq_len`` 0 and an all-zero block table, so attention over them
+    Padding tokens have id 0, position 0 and slot -1 (never written), and no LoRA adapter;
+    padding sequences have ``seq_len`` 0 and an all-zero block table, so attention over them
     is defined (zeros) and reads nothing it should not.
     """
     meta = inputs.attn_metadata
@@ -62,7 +69,7 @@ def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
         query_lens_host=meta.query_lens_host + [1] * extra,
         seq_lens_host=meta.seq_lens_host + [0] * extra,
     )
-    return ModelInputs(torch.cat([inputs.input_ids, zeros]), torch.cat([inputs.positions, zeros]), padded)
+    return ModelInputs(torch.cat([inputs.input_ids, zeros]), torch.cat([inputs.positions, zeros]), padded, inputs.lora)
 
 
 class Runner:

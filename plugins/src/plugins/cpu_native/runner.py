@@ -7,7 +7,8 @@ kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same or
 (from the model's :class:`plugins.model.ModelDescription`), so a step costs one Python
 call and gives the eager result exactly. It is CPU graph capture in all but name,
 without padding or fixed batch sizes: built in :meth:`NativeCpuRunner.prepare`, used for
-every step; models that do not describe themselves, or that it cannot run, run eagerly.
+every step; models that do not describe themselves, or that it cannot run, run eagerly, as
+do steps with LoRA adapter rows.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ class NativeCpuRunner(Runner):
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
         self.fused: FusedDecoder | None = None
+        self._logged_lora = False
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         super().prepare(model, kv_caches, config)
@@ -218,6 +220,12 @@ class NativeCpuRunner(Runner):
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
+        if fused is not None and inputs.lora is not None:  # the native decoder adds no LoRA deltas
+            if not self._logged_lora:
+                logger.info("%s runner: steps with LoRA adapter rows run eagerly (the native decoder "
+                            "has no LoRA products); steps without run natively", self.platform.name)  # fmt: skip
+                self._logged_lora = True
+            return super().forward(inputs)
         if fused is not None and fused.can_run(inputs):
             return fused(inputs)
         return super().forward(inputs)

@@ -19,6 +19,7 @@ and inherits every check, one module of this package per concern:
 - :mod:`plugins.testing.kv_dtypes`: KV caches of each declared dtype;
 - :mod:`plugins.testing.moe_checks` and :mod:`plugins.testing.pooling_checks`: the MoE and
   pooling (encoder attention) hooks against their references;
+- :mod:`plugins.testing.lora_checks`: the LoRA shrink/expand hook over a mixed batch;
 - :mod:`plugins.testing.runtime`: memory profiler sanity, runner padding equal to eager,
   the communicator, and end-to-end greedy generation on a tiny random model equal to the
   reference platform's tokens (when ``core`` is installed).
