@@ -58,6 +58,8 @@ def kernel_specs(dtype: str, head_size: int):
     yield ops._rotary_kernel, rotary, dict(BLOCK_H=32, BLOCK_HALF=block_d // 2), 4
     kv = {"k_ptr": ptr, "v_ptr": ptr, "kc_ptr": ptr, "vc_ptr": ptr, "slot_ptr": "*i64"}
     yield ops._write_kv_kernel, kv, dict(BLOCK_H=8, BLOCK_D=block_d), 4
+    bitmask = {"logits_ptr": "*fp32", "bitmask_ptr": "*i32", "rows_ptr": "*i64"}
+    yield ops._token_bitmask_kernel, bitmask, dict(BLOCK=1024), 4
 
 
 def gpu_target(arch: str):

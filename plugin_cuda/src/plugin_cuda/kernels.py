@@ -111,6 +111,16 @@ class CudaKernels(Kernels):
         out = ops.silu_and_mul(x.reshape(-1, x.shape[-1]))
         return out.view(*x.shape[:-1], x.shape[-1] // 2)
 
+    def apply_token_bitmask(self, logits, bitmask, rows):
+        """Triton: one program per (row, block of tokens), the bitmask copied to the device once."""
+        if not self._triton_ops(logits) or logits.dtype != torch.float32:
+            return super().apply_token_bitmask(logits, bitmask, rows)
+        from plugin_cuda import ops
+
+        device = logits.device
+        index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        ops.apply_token_bitmask(logits, bitmask.contiguous().to(device, non_blocking=True), index)
+
     def write_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale=None):
         """Triton copy; a one-byte (FP8) cache runs the SDK's torch reference."""
         if (

@@ -163,3 +163,24 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
             k_cache.shape[1], num_heads, head_size, BLOCK_H=block_h, BLOCK_D=block_d,
             num_warps=_warps(block_h * block_d),
         )  # fmt: skip
+
+
+@triton.jit
+def _token_bitmask_kernel(logits_ptr, logits_stride, bitmask_ptr, words, rows_ptr, vocab, BLOCK: tl.constexpr):
+    index = tl.program_id(0).to(tl.int64)
+    tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = tokens < vocab
+    word = tl.load(bitmask_ptr + index * words + tokens // 32, mask=inside, other=-1)
+    forbidden = ((word >> (tokens % 32)) & 1) == 0
+    row = tl.load(rows_ptr + index)
+    tl.store(logits_ptr + row * logits_stride + tokens, float("-inf"), mask=inside & forbidden)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """``logits[rows[j], t] = -inf`` where bit ``t % 32`` of ``bitmask[j, t // 32]`` is 0 (all on the device)."""
+    vocab = logits.shape[1]
+    block = min(1024, triton.next_power_of_2(vocab))
+    if rows.numel():
+        _token_bitmask_kernel[(rows.numel(), triton.cdiv(vocab, block))](
+            logits, logits.stride(0), bitmask, bitmask.shape[1], rows, vocab, BLOCK=block, num_warps=_warps(block)
+        )
