@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"model_runner"},
     {"distributed"},  # one rank's worker and the executors that run workers
     {"engine"},
+    {"pooling"},  # pooling models: their prefill-only engine, and the choice between it and the engine
     {"async_engine", "llm"},
     {"__init__"},  # the package's face: the offline API (lazily) and __version__
     {"bench", "server"},

@@ -10,13 +10,14 @@ from plugins import Platform
 from tqdm.auto import tqdm
 
 from core.config import EngineConfig
-from core.engine import LLMEngine
 from core.outputs import RequestOutput
+from core.pooling import make_engine
+from core.pooling.offline import PoolingAPI
 from core.sampling_params import SamplingParams
 
 
-class LLM:
-    """An engine for offline batch generation.
+class LLM(PoolingAPI):
+    """An engine for offline batch generation, or pooling (``embed``, ``score``, ``classify``, ``encode``).
 
     :param model: HF model directory, ``.gguf`` file or hub id; None = the default model.
     :param device: ``"auto"``, a plugin name, or a :class:`plugins.Platform` (class or instance).
@@ -40,7 +41,7 @@ class LLM:
                 f"data_parallel_size={config.data_parallel_size}: LLM runs one engine; "
                 "serve replicas with core serve --data-parallel-size"
             )
-        self.engine = LLMEngine(config, skip_tokenizer_init=skip_tokenizer_init)
+        self.engine = make_engine(config, skip_tokenizer_init=skip_tokenizer_init)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:

@@ -45,6 +45,9 @@ QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
 EXECUTOR_BACKENDS = ("mp", "ray")
 #: grammar libraries of structured outputs (``auto``: xgrammar when installed, else llguidance)
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
+#: what the engine runs the model for (vLLM's ``--runner``): text generation, or pooling (embeddings,
+#: scores, classes); ``auto`` picks from the checkpoint (pooling for encoders)
+RUNNERS = ("auto", "generate", "pooling")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,11 @@ class EngineSettings:
         None, "HF model directory, .gguf file or hub id (default: SmolLM2-135M-Instruct GGUF)", positional=True
     )
     device: str = setting("auto", "backend plugin name, or auto (highest-priority available)")
+    runner: str = setting(
+        "auto",
+        "generate (text) or pooling (embeddings, scores, classes); auto: pooling for encoder checkpoints",
+        choices=RUNNERS,
+    )
     dtype: str = setting(
         "auto", "compute dtype; auto = the platform's first supported one", choices=(*DTYPES, *DTYPE_ALIASES)
     )

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from plugins.kernels import Kernels
 
+from core.models.bert import BertForSequenceClassification, BertModel
 from core.models.gemma3 import Gemma3ForCausalLM
 from core.models.llama import LlamaForCausalLM
 from core.models.mistral import MistralForCausalLM
@@ -16,8 +17,10 @@ from core.models.phi3 import Phi3ForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
 from core.models.qwen3 import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
-MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM]] = MappingProxyType(
+MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM | BertModel]] = MappingProxyType(
     {
+        "BertForSequenceClassification": BertForSequenceClassification,
+        "BertModel": BertModel,
         "Gemma3ForCausalLM": Gemma3ForCausalLM,
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": MistralForCausalLM,
@@ -30,7 +33,7 @@ MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM]] = MappingProxyType
 )
 
 
-def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
+def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM | BertModel]:
     """The class for the first supported name in a config's ``architectures``.
 
     :raises ValueError: naming the architectures asked for and listing the supported ones.
@@ -45,7 +48,7 @@ def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM]:
 
 def build_model(
     config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
-) -> LlamaForCausalLM:
+) -> LlamaForCausalLM | BertModel:
     """An empty (weightless) model for ``config``; fill it with ``model.load_weights(...)``.
 
     With a communicator ``comm``, the model is that rank's tensor-parallel shard.
