@@ -19,7 +19,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "core"
 #: core's parts (top-level modules and packages), bottom layer first
 LAYERS: list[set[str]] = [
     # structured outputs' request params ride in SamplingParams: the feature sits this low
-    {"config", "sampling_params", "outputs", "sequence", "detokenizer", "discovery", "structured"},
+    # and a sequence's LoRA adapter (its request, its prefix-cache key) rides in Sequence
+    {"config", "sampling_params", "outputs", "sequence", "detokenizer", "discovery", "structured", "lora"},
     {"tools"},  # tool calling: tool_choice as a structured-outputs constraint, the parsers the server runs
     {"partition"},  # sharding plans and the collectives of a split model
     {"models"},

@@ -6,10 +6,11 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 if TYPE_CHECKING:
     from core.llm import LLM
+    from core.lora import LoRARequest
     from core.sampling_params import SamplingParams
     from core.structured import StructuredOutputsParams
 
@@ -20,6 +21,10 @@ def __getattr__(name: str):
         from core.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from core.lora import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from core.sampling_params import SamplingParams
 

@@ -8,7 +8,8 @@ Every block is in exactly one of three states:
 - in use: ref count > 0 (several sequences share a block found in the prefix cache).
 
 A block's hash chains the hash of the block before it with the block's own tokens, so
-equal content after different prefixes never matches. Only full, computed blocks are
+equal content after different prefixes never matches; a sequence's chain starts from its
+LoRA adapter's key, so KV computed under one adapter (or none) never serves another. Only full, computed blocks are
 hashed; they are never written again, which is why sharing them needs no copy-on-write.
 """
 
@@ -198,7 +199,7 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) <= index:
             i = len(hashes)
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else _ROOT_HASH if seq.lora is None else seq.lora.prefix_key
             hashes.append(hash_block(parent, seq.token_ids[i * self.block_size : (i + 1) * self.block_size]))
         return hashes[index]
 

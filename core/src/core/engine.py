@@ -21,6 +21,7 @@ import torch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.distributed.launch import make_executor
+from core.lora import LoRARequest
 from core.outputs import RequestOutput
 from core.request_state import Completion, RequestState, build_request
 from core.resolve import resolve_engine
@@ -65,6 +66,7 @@ class LLMEngine:
             max_model_len=config.max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             kv_window=self.loaded.kv_window,
+            max_loras=config.max_loras if config.enable_lora else None,
         )
         self.sampler = Sampler()
         self.structured = StructuredOutputs(
@@ -128,10 +130,14 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        """Queue a request. Raises ValueError (naming the problem) when it can never run."""
+        """Queue a request (with ``lora_request``: under that LoRA adapter, loaded now if it is not).
+        Raises ValueError (naming the problem) when it can never run."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self.add_lora(lora_request)
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("a request needs a prompt or prompt_token_ids")
@@ -149,6 +155,7 @@ class LLMEngine:
             device=self.platform.runner.io_device(),
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
+            lora=lora_request,
         )
         num_tokens = len(state.prompt_token_ids) + state.params.max_tokens
         if not self.scheduler.can_ever_fit(num_tokens):
@@ -164,6 +171,20 @@ class LLMEngine:
         for c in state.completions:
             self._by_seq[c.seq.seq_id] = (state, c)
             self.scheduler.add(c.seq)
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load a LoRA adapter (kept until evicted, least recently used, beyond ``max_cpu_loras``).
+
+        :raises ValueError: LoRA not enabled, a bad path, an adapter we cannot apply, or a
+            rank above ``max_lora_rank`` (naming both).
+        """
+        if not self.config.enable_lora:
+            raise ValueError("LoRA adapters need an engine with enable_lora=True (core serve --enable-lora)")
+        self.executor.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload a LoRA adapter (requests still using it reload it); False when it was not loaded."""
+        return self.config.enable_lora and self.executor.remove_lora(lora_int_id)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a waiting or running request; returns its final output, None if unknown."""

@@ -10,6 +10,7 @@ from plugins import Platform
 from tqdm.auto import tqdm
 
 from core.config import EngineConfig
+from core.lora import LoRARequest
 from core.outputs import RequestOutput
 from core.pooling import make_engine
 from core.pooling.offline import PoolingAPI
@@ -25,7 +26,7 @@ class LLM(PoolingAPI):
     :param engine_kwargs: any :class:`core.config.EngineConfig` field (``dtype``,
         ``max_model_len``, ``max_num_seqs``, ``block_size``, ``enable_prefix_caching``,
         ``kv_cache_bytes``, ``kv_cache_dtype``, ``quantization``, ``seed``, ``tensor_parallel_size``,
-        ``distributed_executor_backend``, ...).
+        ``distributed_executor_backend``, ``enable_lora``, ``max_loras``, ``max_lora_rank``, ...).
     """
 
     def __init__(
@@ -53,8 +54,12 @@ class LLM(PoolingAPI):
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         prompt_token_ids: Seq[Seq[int]] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt (text or token ids); outputs in input order."""
+        """Generate completions for every prompt (text or token ids); outputs in input order.
+
+        ``lora_request``: the LoRA adapter of every prompt, or a list with one (or None) per prompt
+        (the engine needs ``enable_lora=True``)."""
         if prompts is not None and prompt_token_ids is not None:
             raise ValueError("pass prompts or prompt_token_ids, not both")
         if isinstance(prompts, str):
@@ -78,10 +83,16 @@ class LLM(PoolingAPI):
             params_list = list(sampling_params)
             if len(params_list) != len(items):
                 raise ValueError(f"got {len(params_list)} sampling params for {len(items)} prompts")
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(items)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(items):
+                raise ValueError(f"got {len(loras)} LoRA requests for {len(items)} prompts")
         order = []
-        for (text, ids), params in zip(items, params_list, strict=False):
+        for (text, ids), params, lora in zip(items, params_list, loras, strict=False):
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids)
+            self.engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids, lora_request=lora)
             order.append(request_id)
         return self._run(order, use_tqdm)
 
@@ -92,8 +103,10 @@ class LLM(PoolingAPI):
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, with the model's chat template."""
+        """Generate replies to one conversation or a list of them, with the model's chat template
+        (``lora_request`` as for :meth:`generate`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.engine.apply_chat_template(
@@ -101,7 +114,9 @@ class LLM(PoolingAPI):
             )
             for conv in conversations
         ]
-        return self.generate(prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
+        return self.generate(
+            prompt_token_ids=prompts, sampling_params=sampling_params, use_tqdm=use_tqdm, lora_request=lora_request
+        )
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -18,6 +18,7 @@ from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
 
 from core.loader import LoadedModel
+from core.lora import LoRAManager, LoRARequest
 from core.scheduler import ScheduledSeq
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class ModelRunner:
         self.kv_dtype = config.kv_torch_dtype
         self.device = platform.torch_device()
         self.kv_caches: list[tuple[torch.Tensor, ...]] = []
+        self.lora: LoRAManager | None = None
+        if config.enable_lora:  # the adapters' slots are allocated now, before the KV cache is sized
+            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
 
     # -- KV cache ---------------------------------------------------------------------
     @property
@@ -129,13 +133,23 @@ class ModelRunner:
         meta = AttentionMetadata.build(
             batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=device
         )
+        lora = None
+        if batch.loras is not None:
+            if self.lora is None:
+                raise ValueError("a step with LoRA adapters on an engine without enable_lora")
+            lora = self.lora.activate(batch.loras, batch.query_lens, self.device)
         inputs = ModelInputs(
             torch.tensor(batch.input_ids, dtype=torch.long, device=device),
             torch.tensor(batch.positions, dtype=torch.long, device=device),
             meta,
+            lora,
         )
         with runner.grad_mode():
-            hidden = runner.execute(inputs)
+            try:
+                hidden = runner.execute(inputs)
+            finally:
+                if lora is not None:
+                    self.lora.deactivate()
             sample_logits = runner.compute_logits(hidden, batch.sample_rows)
             prompt_logits = {
                 seq_id: (first_pos, runner.compute_logits(hidden, list(range(lo, hi))))
@@ -156,6 +170,7 @@ class StepBatch:
     sample_rows: list[int]  # the row of each sampling sequence's last new token
     sample_seq_ids: list[int]
     prompt_rows: dict[int, tuple[int, int, int]]  # seq_id -> (first position, first row, end row)
+    loras: list[LoRARequest | None] | None = None  # each sequence's adapter; None when none has one
 
 
 def make_batch(scheduled: list[ScheduledSeq]) -> StepBatch:
@@ -179,4 +194,6 @@ def make_batch(scheduled: list[ScheduledSeq]) -> StepBatch:
         if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
             end = min(start + n, seq.num_prompt_tokens - 1)  # the last prompt row predicts the first output
             prompt_rows[seq.seq_id] = (start, row0, row0 + end - start)
-    return StepBatch(ids, positions, query_lens, seq_lens, tables, sample_rows, sample_seq_ids, prompt_rows)
+    loras = [item.seq.lora for item in scheduled]
+    return StepBatch(ids, positions, query_lens, seq_lens, tables, sample_rows, sample_seq_ids, prompt_rows,
+                     loras if any(loras) else None)  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from core.detokenizer import IncrementalDetokenizer, StopChecker
+from core.lora import LoRARequest
 from core.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 from core.sampler import logprob_dict, make_generator, prompt_logprobs_for
 from core.sampling_params import SamplingParams
@@ -163,6 +164,7 @@ def build_request(
     device: torch.device,
     arrival_time: float,
     priority: int = 0,
+    lora: LoRARequest | None = None,
 ) -> RequestState:
     """Check a new request against the model and build its state (``params.n`` sequences).
 
@@ -187,6 +189,7 @@ def build_request(
             arrival_time,
             priority,
             skip_prefix_cache=params.prompt_logprobs is not None,  # every prompt position must be computed
+            lora=lora,
         )
         detokenizer = None
         if tokenizer is not None:

@@ -65,8 +65,9 @@ def resolve_engine(config: EngineConfig) -> ResolvedEngine:
     # every running sequence must be able to take one token a step
     budget = max(budget, view.max_num_seqs)
     view = dataclasses.replace(
-        view, dtype=dtype, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, max_num_batched_tokens=budget
-    )
+        view, dtype=dtype, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, max_num_batched_tokens=budget,
+        max_cpu_loras=view.max_cpu_loras or view.max_loras,
+    )  # fmt: skip
     return ResolvedEngine(platform, view, model)
 
 
@@ -76,7 +77,9 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         value = getattr(settings, field.name)
         if how.choices is not None and value not in how.choices and not (value is None and field.default is None):
             raise ValueError(f"{field.name} must be one of {', '.join(how.choices)}, got {value!r}")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size"):
+    positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size",
+                "max_loras", "max_lora_rank")  # fmt: skip
+    for name in positive:
         value = getattr(settings, name)
         if value is None and name == "max_num_batched_tokens":
             continue  # the platform's default, settled after check_config
@@ -88,6 +91,12 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
     if settings.kv_cache_bytes is not None and settings.kv_cache_bytes <= 0:
         raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
+    if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
+        raise ValueError(f"max_cpu_loras ({settings.max_cpu_loras}) must be >= max_loras ({settings.max_loras})")
+    if settings.enable_lora and settings.tensor_parallel_size > 1:
+        raise ValueError(
+            "enable_lora: LoRA adapters are not split over tensor-parallel ranks yet (tensor_parallel_size 1)"
+        )
 
 
 def _merge_overrides(view: EngineConfigView, overrides: dict[str, Any], source: str) -> EngineConfigView:

@@ -85,6 +85,8 @@ class Scheduler:
     :param enable_chunked_prefill: split prompts longer than the step's remaining budget.
     :param kv_window: the attention window every layer of the model keeps within (None when
         some layer sees the whole context): blocks older than it are given back as sequences grow.
+    :param max_loras: most distinct LoRA adapters among running sequences (None: no limit):
+        a waiting sequence whose adapter would exceed it waits (and, in order, those behind it).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         kv_window: int | None = None,
+        max_loras: int | None = None,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -118,6 +121,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.kv_window = kv_window
+        self.max_loras = max_loras
         self.enable_chunked_prefill = enable_chunked_prefill
         self._waiting: list[Sequence] = []  # kept sorted by _order
         self._running: list[Sequence] = []  # kept sorted by _order; the last is preempted first
@@ -243,8 +247,14 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         """Admit waiting sequences in order until one does not fit (no overtaking)."""
         bm = self.block_manager
+        # running sequences never span more than max_loras adapters, so each step can run them all
+        loras = None if self.max_loras is None else {s.lora.lora_int_id for s in self._running if s.lora}
         while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
             seq = self._waiting[0]
+            if loras is not None and seq.lora is not None and seq.lora.lora_int_id not in loras:
+                if len(loras) >= self.max_loras:
+                    return
+                loras.add(seq.lora.lora_int_id)
             num_cached = bm.match_prefix(seq)
             num_left = seq.num_tokens - num_cached
             num_new = min(num_left, budget)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.lora import LoRARequest
 
 
 class ContextLengthError(ValueError):
@@ -78,6 +81,7 @@ class Sequence:
     :param skip_prefix_cache: never read the prefix cache (its own blocks are still
         cached for others); for requests that need every prompt position computed,
         such as prompt logprobs.
+    :param lora: the request's LoRA adapter (:class:`core.lora.LoRARequest`), None for the base model.
     """
 
     seq_id: int
@@ -87,6 +91,7 @@ class Sequence:
     arrival_time: float
     priority: int = 0
     skip_prefix_cache: bool = False
+    lora: LoRARequest | None = None
     token_ids: list[int] = field(init=False)  # prompt + output
     output_token_ids: list[int] = field(init=False, default_factory=list)
     num_computed_tokens: int = field(init=False, default=0)  # tokens whose KV is in the cache

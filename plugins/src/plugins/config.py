@@ -145,6 +145,12 @@ class EngineSettings:
     distributed_executor_backend: str = setting(
         "mp", "how tensor-parallel workers run: processes or Ray actors", choices=EXECUTOR_BACKENDS
     )
+    enable_lora: bool = setting(False, "serve LoRA adapters (a request's lora_request, the server's --lora-modules)")
+    max_loras: int = setting(1, "most distinct LoRA adapters in one engine step")
+    max_lora_rank: int = setting(16, "largest rank a LoRA adapter may have")
+    max_cpu_loras: int | None = setting(
+        None, "LoRA adapters kept loaded, the least recently used evicted beyond it (default: max_loras)"
+    )
     structured_outputs_backend: str = setting(
         "auto",
         "grammar library of structured outputs: xgrammar, guidance (llguidance), or auto (xgrammar when installed)",

@@ -23,6 +23,7 @@ from plugins import EngineConfigView, Platform
 
 from core.distributed.worker import Worker
 from core.loader import ModelSource
+from core.lora import LoRARequest
 from core.model_runner import StepLogits, make_batch
 from core.scheduler import ScheduledSeq
 
@@ -55,6 +56,17 @@ class LocalExecutor:
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         return self.runner.execute(scheduled)
 
+    def add_lora(self, request: LoRARequest) -> None:
+        """Load and check a LoRA adapter (:meth:`core.lora.LoRAManager.add`).
+
+        :raises ValueError: when it cannot be used, saying why.
+        """
+        if error := self.worker.add_lora(request):
+            raise ValueError(error)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.worker.remove_lora(lora_int_id)
+
     def check_health(self) -> None:
         """Nothing to watch: the model runs in this process."""
 
@@ -83,6 +95,15 @@ class RemoteExecutor:
 
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         return self.call_all("execute", make_batch(scheduled), timeout=None)[0]
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Load and check a LoRA adapter on every rank; ValueError (the first rank's reason) when it cannot be used."""
+        errors = [e for e in self.call_all("add_lora", request, timeout=STARTUP_TIMEOUT_S) if e]
+        if errors:
+            raise ValueError(errors[0])
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return any(self.call_all("remove_lora", lora_int_id, timeout=STARTUP_TIMEOUT_S))
 
     def check_health(self) -> None:
         """Raise :class:`WorkerFailed` (all workers stopped) when a worker died or hung."""

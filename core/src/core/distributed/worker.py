@@ -15,6 +15,7 @@ from plugins import EngineConfigView, Platform
 from plugins.memory import KVCachePlan
 
 from core.loader import LoadedModel, ModelSource, load_model
+from core.lora import LoRARequest
 from core.model_runner import ModelRunner, StepBatch, StepLogits
 
 
@@ -75,6 +76,20 @@ class Worker:
         """Run one step; rank 0 returns the logits (every rank holds them after the gather)."""
         logits = self.runner.run(batch)
         return logits if self.tp_rank == 0 else None
+
+    def add_lora(self, request: LoRARequest) -> str | None:
+        """Load a LoRA adapter; the reason it cannot be used (returned, so a bad adapter stops no worker), else None."""
+        if self.runner.lora is None:
+            return "LoRA adapters need enable_lora (--enable-lora)"
+        try:
+            self.runner.lora.add(request)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter; False when it was not loaded."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
 
     def close(self) -> None:
         """Leave the process group."""

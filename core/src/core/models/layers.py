@@ -72,7 +72,11 @@ def held_bytes(obj: Any, seen: set[int]) -> int:
 
 
 class Linear(nn.Module):
-    """``y = x @ W.T + b`` through ``kernels.linear`` on a weight from ``kernels.prepare_linear``."""
+    """``y = x @ W.T + b`` through ``kernels.linear`` on a weight from ``kernels.prepare_linear``.
+
+    With LoRA enabled, ``lora`` (:class:`core.lora.stacks.StackedLoRA`) adds the step's adapter
+    deltas to that output; without it (None) nothing else runs.
+    """
 
     def __init__(self, kernels: Kernels, in_features: int, out_features: int, has_bias: bool) -> None:
         super().__init__()
@@ -82,6 +86,7 @@ class Linear(nn.Module):
         self.has_bias = has_bias
         self.weight: Any = None
         self.bias: torch.Tensor | None = None
+        self.lora: Any = None
 
     def load(
         self, weight: torch.Tensor | GGUFWeight | IntWeight, bias: torch.Tensor | None, quantization: str | None
@@ -98,7 +103,8 @@ class Linear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.linear(x, self.weight, self.bias)
+        out = self.kernels.linear(x, self.weight, self.bias)
+        return out if self.lora is None else self.lora(x, out)
 
 
 class RMSNorm(nn.Module):
