@@ -139,12 +139,14 @@ class PoolingEngine:
         self.waiting.append(request)
 
     def abort_request(self, request_id: str) -> PoolingRequestOutput | None:
-        """Drop a waiting request; None if unknown (a request runs and finishes within one step)."""
+        """Drop a request; its final output (marked aborted, no data), None if unknown."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        self.waiting.remove(request)
-        return None
+        if request in self.waiting:  # else it was in a step that failed
+            self.waiting.remove(request)
+        empty = PoolingOutput(torch.empty(0))
+        return PoolingRequestOutput(request_id, request.prompt_token_ids, empty, is_aborted=True)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

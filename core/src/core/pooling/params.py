@@ -54,12 +54,13 @@ class PoolingOutput:
 
 @dataclass
 class PoolingRequestOutput:
-    """One finished pooling request: its prompt's token ids and its result."""
+    """One finished pooling request: its prompt's token ids and its result (empty when it was aborted)."""
 
     request_id: str
     prompt_token_ids: list[int]
     outputs: PoolingOutput
     finished: bool = True
+    is_aborted: bool = False
 
 
 @dataclass

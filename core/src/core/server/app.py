@@ -29,13 +29,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from core import __version__
 from core.async_engine import AsyncEngine
 from core.config import EngineConfig
-from core.engine import LLMEngine
+from core.pooling import PoolingEngine, make_engine
 from core.server.chat import ChatHandler
 from core.server.chat_templates import TemplateBudget
 from core.server.completions import CompletionHandler
 from core.server.errors import APIError, document_error_statuses, error_responses, install_error_handlers
 from core.server.frontend import Frontend
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
+from core.server.pooling import add_pooling_routes
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from core.server.reasoning import get_reasoning_parser
 from core.server.streaming import ClientDisconnected
@@ -126,6 +127,7 @@ def build_app(
         fe.check_model(req.model)
         return {"prompt": await fe.detokenize(req.tokens)}
 
+    add_pooling_routes(app, fe, errors)
     document_error_statuses(app)
     started = int(time.time())
     wrapped: Any = BodyLimitMiddleware(app, max_request_bytes)
@@ -213,33 +215,44 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
     engines: list[AsyncEngine] = []
     try:
         for replica in range(config.data_parallel_size):
-            engines.append(AsyncEngine(lambda replica=replica: LLMEngine(config, data_parallel_rank=replica)))
+            engines.append(AsyncEngine(lambda replica=replica: make_engine(config, data_parallel_rank=replica)))
     except BaseException:
         for engine in engines:
             engine.shutdown()
         raise
     llm = engines[0].engine
     model_name = llm.config.served_model_name or llm.loaded.name
-    num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
-    logger.info(
-        "serving %s on %s (dtype %s, max_model_len %d, tensor parallel %d, data parallel %d); KV cache (%s) per replica: %d blocks = %d tokens, max concurrency at max length %.1fx",
-        model_name,
-        llm.platform.name,
-        llm.config.dtype,
-        llm.config.max_model_len,
-        llm.config.tensor_parallel_size,
-        llm.config.data_parallel_size,
-        llm.config.kv_cache_dtype,
-        llm.kv_plan.num_blocks,
-        num_tokens,
-        num_tokens / llm.config.max_model_len,
-    )
-    logger.info(
-        "memory: the KV cache takes %.2f GiB per replica, on top of the weights; the process's memory use grows "
-        "to include all of it as requests fill its blocks (--kv-cache-memory GiB, or the platform's own "
-        "variable, sets it)",
-        llm.kv_plan.num_blocks * llm.kv_plan.block_bytes / (1 << 30),
-    )
+    if isinstance(llm, PoolingEngine):
+        logger.info(
+            "serving %s on %s with the pooling runner (dtype %s, max_model_len %d, data parallel %d): "
+            "/v1/embeddings, /pooling, /classify, /score, /rerank",
+            model_name,
+            llm.platform.name,
+            llm.config.dtype,
+            llm.config.max_model_len,
+            llm.config.data_parallel_size,
+        )
+    else:
+        num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
+        logger.info(
+            "serving %s on %s (dtype %s, max_model_len %d, tensor parallel %d, data parallel %d); KV cache (%s) per replica: %d blocks = %d tokens, max concurrency at max length %.1fx",
+            model_name,
+            llm.platform.name,
+            llm.config.dtype,
+            llm.config.max_model_len,
+            llm.config.tensor_parallel_size,
+            llm.config.data_parallel_size,
+            llm.config.kv_cache_dtype,
+            llm.kv_plan.num_blocks,
+            num_tokens,
+            num_tokens / llm.config.max_model_len,
+        )
+        logger.info(
+            "memory: the KV cache takes %.2f GiB per replica, on top of the weights; the process's memory use grows "
+            "to include all of it as requests fill its blocks (--kv-cache-memory GiB, or the platform's own "
+            "variable, sets it)",
+            llm.kv_plan.num_blocks * llm.kv_plan.block_bytes / (1 << 30),
+        )
     budget = TemplateBudget(timeout_s=args.chat_template_timeout, max_output_bytes=args.chat_template_max_bytes)
     fe = Frontend(
         engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template,

@@ -138,6 +138,7 @@ class Frontend:
         self.tool_parser = tool_parser  # for tool_choice "auto" (--enable-auto-tool-choice)
         self.reasoning_parser = reasoning_parser  # splits <think> text out of chat answers
         self.max_model_len: int = llm.config.max_model_len
+        self.runner: str = llm.config.runner  # "pooling": it embeds and scores, it does not generate
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
@@ -190,6 +191,15 @@ class Frontend:
                 f"The model {model!r} does not exist; this server serves {self.model_name!r}",
                 "model",
                 "model_not_found",
+            )
+
+    def check_generates(self) -> None:
+        """400 when the model runs with the pooling runner: it serves embeddings and scores, not text."""
+        if self.runner == "pooling":
+            raise bad_request(
+                f"model {self.model_name} runs with the pooling runner: it serves /v1/embeddings, /pooling, "
+                "/classify, /score and /rerank, not text generation",
+                "model",
             )
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:

@@ -30,7 +30,11 @@ class Handler:
     chunk_object_name: ClassVar[str] = ""
 
     def __init__(self, fe: Frontend, req: Any, arrival_time: float) -> None:
-        """:param arrival_time: when the HTTP request came in (``time.time()``); its engine requests count from it."""
+        """:param arrival_time: when the HTTP request came in (``time.time()``); its engine requests count from it.
+
+        :raises APIError: 400 when the server's model does not generate (the pooling runner).
+        """
+        fe.check_generates()
         self.fe = fe
         self.req = req
         self.arrival_time = arrival_time
