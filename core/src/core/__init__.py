@@ -6,11 +6,12 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "PoolingParams", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 if TYPE_CHECKING:
     from core.llm import LLM
     from core.lora import LoRARequest
+    from core.pooling import PoolingParams
     from core.sampling_params import SamplingParams
     from core.structured import StructuredOutputsParams
 
@@ -25,6 +26,10 @@ def __getattr__(name: str):
         from core.lora import LoRARequest
 
         return LoRARequest
+    if name == "PoolingParams":
+        from core.pooling import PoolingParams
+
+        return PoolingParams
     if name == "SamplingParams":
         from core.sampling_params import SamplingParams
 
