@@ -162,3 +162,27 @@ def test_lora_needs_enable_lora(tiny):
     llm = LLM(model=str(root / "model"), device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="enable_lora"):
         llm.generate(prompt_token_ids=[PROMPTS[0]], lora_request=requests["all8"], use_tqdm=False)
+
+
+@pytest.mark.slow
+def test_default_model_gguf_kept_quantized(tmp_path):
+    """An adapter on the default model's GGUF, run on its quantized blocks (--device auto), against
+    transformers + peft on the file dequantized: its tokens beside the base model's, in one batch."""
+    from core.loader.source import default_model_path
+
+    path = default_model_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    options = {"r": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    peft_model = make_adapter(hf.eval(), tmp_path / "smol", options, True, seed=1)
+    llm = LLM(max_model_len=256, kv_cache_bytes=64 << 20, enable_lora=True, max_lora_rank=8)
+    ids = llm.get_tokenizer().encode("The capital of France is")
+    with torch.no_grad():
+        want = peft_model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :].tolist()
+        with peft_model.disable_adapter():
+            base = peft_model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :]
+    lora = LoRARequest("smol", 1, str(tmp_path / "smol"))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(prompt_token_ids=[ids, ids], sampling_params=params, lora_request=[lora, None], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [want, base.tolist()]
+    assert want != base.tolist()
+    assert_no_leak(llm)
