@@ -108,3 +108,12 @@ class ServerProcess:
 def start_server() -> type[ServerProcess]:
     """``start_server(model_dir, *flags)`` starts ``core serve`` and returns its :class:`ServerProcess`."""
     return ServerProcess
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """An httpx client of the module's ``server`` fixture (a :class:`ServerProcess`), without a key."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client

@@ -28,6 +28,7 @@ from typing import Any
 
 from core.distributed.executor import WorkerFailed
 from core.engine import LLMEngine
+from core.lora import LoRARequest
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 
@@ -101,6 +102,7 @@ class AsyncEngine:
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Add a request; return its stream of (cumulative) outputs once the engine took it in.
 
@@ -115,7 +117,13 @@ class AsyncEngine:
             await asyncio.wrap_future(
                 self._call(
                     lambda: self.engine.add_request(
-                        request_id, prompt, params, prompt_token_ids, arrival_time=arrival, priority=priority
+                        request_id,
+                        prompt,
+                        params,
+                        prompt_token_ids,
+                        arrival_time=arrival,
+                        priority=priority,
+                        lora_request=lora_request,
                     )
                 )
             )
@@ -123,6 +131,14 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             raise
         return RequestStream(self, request_id, outputs)
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load a LoRA adapter on the engine thread; ValueError when it cannot be used."""
+        await asyncio.wrap_future(self._call(lambda: self.engine.add_lora(lora_request)))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload a LoRA adapter on the engine thread; False when it was not loaded."""
+        return await asyncio.wrap_future(self._call(lambda: self.engine.remove_lora(lora_int_id)))
 
     def _close_stream(self, request_id: str, is_finished: bool) -> None:
         self._streams.pop(request_id, None)

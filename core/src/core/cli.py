@@ -217,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="on SIGTERM/SIGINT, seconds the requests in flight get to finish before they are aborted (0: at once)",
     )
+    serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=PATH",
+        help='LoRA adapters to serve (with --enable-lora): name=path, or JSON {"name": ..., "path": ...}',
+    )
     serve.set_defaults(func=cmd_serve)
 
     add_bench_parser(sub)

@@ -35,6 +35,7 @@ from core.server.chat_templates import TemplateBudget
 from core.server.completions import CompletionHandler
 from core.server.errors import APIError, document_error_statuses, error_responses, install_error_handlers
 from core.server.frontend import Frontend
+from core.server.lora import add_lora_routes, lora_module
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.pooling import add_pooling_routes
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -101,7 +102,7 @@ def build_app(
             "root": fe.model_name,
             "max_model_len": fe.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card, *fe.loras.cards(started)]}
 
     @app.post("/v1/completions", responses=errors)
     async def completions(req: CompletionRequest, raw: Request) -> Any:
@@ -128,6 +129,7 @@ def build_app(
         return {"prompt": await fe.detokenize(req.tokens)}
 
     add_pooling_routes(app, fe, errors)
+    add_lora_routes(app, fe.loras, errors)
     document_error_statuses(app)
     started = int(time.time())
     wrapped: Any = BodyLimitMiddleware(app, max_request_bytes)
@@ -258,6 +260,12 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         engines, model_name, args.max_queue_len, args.chat_template, budget, args.trust_request_chat_template,
         tool_parser, reasoning_parser,
     )  # fmt: skip
+    try:  # a bad adapter stops the start
+        for name, path in map(lora_module, args.lora_modules or ()):
+            asyncio.run(fe.loras.load(name, path))
+    except BaseException:
+        fe.shutdown()
+        raise
     cors = CorsSettings(
         tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers), args.allow_credentials
     )

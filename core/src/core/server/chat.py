@@ -43,7 +43,7 @@ class ChatHandler(Handler):
 
     async def __call__(self, raw: Request) -> Any:
         fe, req = self.fe, self.req
-        fe.check_model(req.model)
+        lora = fe.check_model(req.model)
         params = chat_params(req, fe.vocab_size)
         self.tools = ToolMode.of(req.tools, req.tool_choice, fe.tool_parser, req.parallel_tool_calls)
         if self.tools.constraint is not None:
@@ -58,7 +58,7 @@ class ChatHandler(Handler):
             req.messages, req.add_generation_prompt, req.chat_template, req.chat_template_kwargs, self.tools.functions
         )
         fe.check_length(len(ids), params.max_tokens)
-        return await self.respond(raw, await fe.start([(self.id, params, ids)], self.arrival_time))
+        return await self.respond(raw, await fe.start([(self.id, params, ids)], self.arrival_time, lora))
 
     def _logprobs(self, token_ids: list[int], entries: list | None) -> dict | None:
         if not self.req.logprobs:

@@ -74,7 +74,7 @@ class CompletionHandler(Handler):
 
     async def __call__(self, raw: Request) -> Any:
         fe, req = self.fe, self.req
-        fe.check_model(req.model)
+        lora = fe.check_model(req.model)
         params = completion_params(req, fe.vocab_size)
         prompts = await _prompts(fe, req.prompt)
         for _, ids in prompts:
@@ -83,7 +83,7 @@ class CompletionHandler(Handler):
         if req.echo:
             self.echo_texts = [text if text is not None else await fe.detokenize(ids) for text, ids in prompts]
         requests = [(f"{self.id}-{i}", params, ids) for i, (_, ids) in enumerate(prompts)]
-        return await self.respond(raw, await fe.start(requests, self.arrival_time))
+        return await self.respond(raw, await fe.start(requests, self.arrival_time, lora))
 
     def _choice(self, prompt_index: int, out: RequestOutput, c: Any, cursor: ChoiceCursor | None) -> dict[str, Any]:
         """One choice: the whole completion (cursor None) or what is new since the cursor."""

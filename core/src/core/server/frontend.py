@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from core.lora import LoRARequest
 from core.outputs import RequestOutput
 from core.sampling_params import SamplingParams
 from core.sequence import ContextLengthError, check_length
@@ -32,6 +33,7 @@ from core.server.chat_templates import (
     render,
 )
 from core.server.errors import APIError, bad_request
+from core.server.lora import ServedLoRAs
 from core.server.metrics import RequestTracker, ServerMetrics
 from core.server.reasoning import ReasoningParser
 from core.structured import StructuredOutputsParams
@@ -137,6 +139,7 @@ class Frontend:
         self.sandbox = TemplateSandbox(self.template_budget) if trust_request_chat_template else None
         self.tool_parser = tool_parser  # for tool_choice "auto" (--enable-auto-tool-choice)
         self.reasoning_parser = reasoning_parser  # splits <think> text out of chat answers
+        self.loras = ServedLoRAs(self.replicas, model_name)  # adapters a request's model field may name
         self.max_model_len: int = llm.config.max_model_len
         self.runner: str = llm.config.runner  # "pooling": it embeds and scores, it does not generate
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
@@ -184,14 +187,16 @@ class Frontend:
         return stats
 
     # -- validation ------------------------------------------------------------------------
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(
-                404,
-                f"The model {model!r} does not exist; this server serves {self.model_name!r}",
-                "model",
-                "model_not_found",
-            )
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter ``model`` names (None: the base model); 404 for a name the server does not serve."""
+        if model is None or model == self.model_name:
+            return None
+        lora = self.loras.get(model)
+        if lora is None:
+            served = ", ".join(repr(name) for name in (self.model_name, *self.loras.by_name))
+            raise APIError(404, f"The model {model!r} does not exist; this server serves {served}", "model",
+                           "model_not_found")  # fmt: skip
+        return lora
 
     def check_generates(self) -> None:
         """400 when the model runs with the pooling runner: it serves embeddings and scores, not text."""
@@ -408,7 +413,10 @@ class Frontend:
             raise bad_request(str(exc), param) from None
 
     async def start(
-        self, requests: list[tuple[str, SamplingParams, list[int]]], arrival_time: float
+        self,
+        requests: list[tuple[str, SamplingParams, list[int]]],
+        arrival_time: float,
+        lora: LoRARequest | None = None,
     ) -> list[TrackedStream]:
         """Admit ``(request id, params, prompt ids)`` requests and have the engines take them in.
 
@@ -416,12 +424,13 @@ class Frontend:
         aborted), 503 when the queue is full or the engine is not running.
 
         :param arrival_time: when the HTTP request came in: TTFT and queue time count from it.
+        :param lora: the LoRA adapter they run with (:meth:`check_model`), None for the base model.
         """
         tickets = self.admit(len(requests))
         streams: list[TrackedStream] = []
         try:
             for (request_id, params, prompt_ids), ticket in zip(requests, tickets, strict=True):
-                streams.append(await self._start_one(request_id, params, prompt_ids, ticket, arrival_time))
+                streams.append(await self._start_one(request_id, params, prompt_ids, ticket, arrival_time, lora))
         except BaseException:
             for stream in streams:
                 stream.close()
@@ -431,8 +440,9 @@ class Frontend:
         return streams
 
     async def _start_one(
-        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket, arrival_time: float
-    ) -> TrackedStream:
+        self, request_id: str, params: SamplingParams, prompt_ids: list[int], ticket: Ticket, arrival_time: float,
+        lora: LoRARequest | None,
+    ) -> TrackedStream:  # fmt: skip
         replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
         ticket.replica = replica
         self.queued[replica] += 1
@@ -441,7 +451,7 @@ class Frontend:
             if params.structured_outputs is not None:
                 await self._compile(self.replicas[replica], params.structured_outputs)
             stream = await self.replicas[replica].add_request(
-                request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time
+                request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time, lora_request=lora
             )
         except EngineDeadError as exc:
             raise APIError(503, f"the engine is not running: {exc}") from exc
