@@ -1,0 +1,171 @@
+"""The OpenVINO platform: core's models as one compiled OpenVINO model (:mod:`plugin_openvino.runner`).
+
+A host-CPU platform (:class:`plugins.cpu.CpuPlatform`: thread binding, the ``CPU_*``
+variables) whose runner hands every step to the OpenVINO runtime, with vLLM's OpenVINO
+variables (``OPENVINO_DEVICE``, ``OPENVINO_KVCACHE_SPACE``, ``OPENVINO_CPU_KV_CACHE_PRECISION``,
+``OPENVINO_ENABLE_QUANTIZED_WEIGHTS``; read as ``CORE_*``, else ``VLLM_*``). Its priority is
+below cpu_x86's: ``--device auto`` keeps the faster native kernels where both run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from plugins.config import EngineConfigView
+from plugins.cpu import CPU_ENV_VARS, CpuMemoryProfiler, CpuPlatform
+from plugins.env import EnvVar
+from plugins.memory import GiB
+
+logger = logging.getLogger(__name__)
+
+#: OpenVINO's CPU PagedAttention reads the cache in blocks of this many tokens
+OPENVINO_BLOCK_SIZE = 32
+#: OPENVINO_CPU_KV_CACHE_PRECISION -> core's kv_cache_dtype ("" = the compute dtype)
+_KV_PRECISIONS = {"": None, "f32": "float32", "bf16": "bfloat16", "f16": "float16", "u8": "u8"}
+_INFERENCE_PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("OPENVINO_DEVICE", str, "CPU", "the OpenVINO device that runs the model", choices=("CPU", "GPU")),
+    EnvVar(
+        "OPENVINO_KVCACHE_SPACE",
+        _non_negative_float,
+        0.0,
+        "KV cache size in GiB; when set it wins over CPU_KVCACHE_SPACE and the engine's kv_cache_bytes",
+    ),
+    EnvVar(
+        "OPENVINO_CPU_KV_CACHE_PRECISION",
+        str,
+        "",
+        "KV cache element type: f32, bf16, f16 (empty: the compute dtype); u8 is not available yet",
+        choices=tuple(_KV_PRECISIONS),
+    ),
+    EnvVar(
+        "OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
+        bool,
+        True,
+        "keep GGUF Q8_0/Q4_0/Q4_1 weights compressed in the graph (0: dequantize them at load)",
+    ),
+)
+
+
+class OpenVinoMemoryProfiler(CpuMemoryProfiler):
+    """The CPU family's KV budget, with ``OPENVINO_KVCACHE_SPACE`` first when set (> 0)."""
+
+    def kv_cache_budget(self, config: EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
+        space = self.platform.env["OPENVINO_KVCACHE_SPACE"]
+        if space <= 0:
+            return super().kv_cache_budget(config, peak_activation_bytes)
+        free = self.free_memory() - peak_activation_bytes
+        if space * GiB > free:
+            raise ValueError(
+                f"OPENVINO_KVCACHE_SPACE={space} GiB exceeds the {free / GiB:.1f} GiB of memory free "
+                "after the weights; lower it"
+            )
+        return int(space * GiB), f"OPENVINO_KVCACHE_SPACE={space} GiB"
+
+
+class OpenVinoPlatform(CpuPlatform):
+    """Models run by the OpenVINO runtime (its CPU device), built from core's model description."""
+
+    name = "openvino"
+    device_type = "cpu"
+    priority = 5
+    api_version = 2
+    supported_dtypes = ("float32", "bfloat16")
+    supported_kv_cache_dtypes = ("bfloat16", "float16")
+    env_vars = CPU_ENV_VARS + OPENVINO_ENV_VARS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_threads = len(os.sched_getaffinity(0))
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            if importlib.util.find_spec("openvino") is None:
+                return "openvino is not installed (pip install openvino)"
+            device = self.env["OPENVINO_DEVICE"]
+        except Exception as exc:  # a bad variable or a broken install: unavailable, never raised
+            return f"{type(exc).__name__}: {exc}"
+        if device != "CPU":
+            return (
+                f"OPENVINO_DEVICE={device}: only the CPU device shares core's KV cache memory "
+                "(a GPU needs device-owned caches)"
+            )
+        return None
+
+    def device_info(self) -> dict[str, Any]:
+        try:
+            ov_version = version("openvino")
+        except PackageNotFoundError:
+            ov_version = None
+        return {"name": f"OpenVINO {ov_version} {self.env['OPENVINO_DEVICE']}", "count": 1,
+                "num_threads": self.num_threads}  # fmt: skip
+
+    def check_config(self, config: EngineConfigView) -> dict[str, Any]:
+        """Blocks of 32 tokens (OpenVINO's CPU PagedAttention reads no other size: any other
+        gives wrong attention silently), the KV cache type from
+        ``OPENVINO_CPU_KV_CACHE_PRECISION``; LoRA refused (the graph adds no adapters)."""
+        if config.enable_lora:
+            raise ValueError("openvino does not serve LoRA adapters (its graph has no adapter products)")
+        overrides: dict[str, Any] = {}
+        if config.block_size != OPENVINO_BLOCK_SIZE:
+            overrides["block_size"] = OPENVINO_BLOCK_SIZE
+        precision = self.env["OPENVINO_CPU_KV_CACHE_PRECISION"]
+        kv_dtype = _KV_PRECISIONS[precision]
+        if kv_dtype == "u8":
+            raise ValueError(
+                "OPENVINO_CPU_KV_CACHE_PRECISION=u8 needs a KV layout with scale rows; use f32, bf16 or f16"
+            )
+        if kv_dtype == "float32":
+            if config.dtype not in ("auto", "float32"):
+                raise ValueError(f"OPENVINO_CPU_KV_CACHE_PRECISION=f32 needs --dtype float32, not {config.dtype}")
+            overrides["kv_cache_dtype"] = "auto"
+        elif kv_dtype is not None:
+            overrides["kv_cache_dtype"] = kv_dtype
+        elif config.kv_cache_dtype not in ("auto", *self.supported_kv_cache_dtypes):
+            raise ValueError(f"openvino keeps no {config.kv_cache_dtype} KV cache; choose auto, bfloat16 or float16")
+        return overrides
+
+    def compile_properties(self, dtype: Any, kv_type: str) -> dict[str, Any]:
+        """OpenVINO's compile properties for compute dtype ``dtype`` and KV cache element type
+        ``kv_type`` (``"f32"``, ``"bf16"``, ``"f16"``; OpenVINO would pick u8 with scale rows
+        otherwise): the compute precision (no implicit bf16 on CPUs that have it), no dynamic
+        int8 quantization of activations, one stream on the bound threads."""
+        name = str(dtype).removeprefix("torch.")
+        return {
+            "INFERENCE_PRECISION_HINT": _INFERENCE_PRECISIONS.get(name, "f32"),
+            "KV_CACHE_PRECISION": kv_type,
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+            "NUM_STREAMS": 1,
+            "INFERENCE_NUM_THREADS": self.num_threads,
+        }
+
+    def bind_compute_threads(self, cpus: list[int]) -> str:
+        super().bind_compute_threads(cpus)
+        self.num_threads = len(cpus)
+        return f"; OpenVINO runs {len(cpus)} threads"
+
+    def make_kernels(self):
+        from plugin_openvino.kernels import OpenVinoKernels
+
+        return OpenVinoKernels(keep_gguf=self.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"])
+
+    def make_memory_profiler(self):
+        return OpenVinoMemoryProfiler(self)
+
+    def make_runner(self):
+        from plugin_openvino.runner import OpenVinoRunner
+
+        return OpenVinoRunner(self)

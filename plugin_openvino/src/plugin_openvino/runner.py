@@ -1,0 +1,132 @@
+"""The OpenVINO runner: each step through one compiled model of the whole decoder.
+
+:meth:`OpenVinoRunner.prepare` builds the graph from the model's description
+(:mod:`plugin_openvino.graph`), compiles it once for every shape and binds core's KV cache
+tensors to its cache inputs: the ``ov.Tensor`` views share their memory, and
+PagedAttention writes each step's keys and values into them in place. OpenVINO lays a
+block out ``[kv_heads, block_size, head_dim]`` where core's kernels read ``[block_size,
+kv_heads, head_dim]``: the same bytes per block, so core's block manager (allocation,
+prefix caching, copies of whole blocks) is unaffected, but the eager kernels must never
+read a cache this runner wrote. So a model the graph cannot run runs eagerly from the
+start, and the platform refuses LoRA (whose steps would run eagerly) in ``check_config``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from plugins.config import EngineConfigView
+from plugins.runner import ModelInputs, Runner
+
+from plugin_openvino.graph import GraphBuilder, NotBuildable
+from plugin_openvino.weights import ov_tensor
+
+logger = logging.getLogger(__name__)
+
+
+class OpenVinoRunner(Runner):
+    """Models that describe themselves (``model.describe``) as one compiled OpenVINO model;
+    other models eagerly, with the SDK's torch kernels."""
+
+    def __init__(self, platform: Any) -> None:
+        super().__init__(platform)
+        self.request: Any = None
+        self._compiled: Any = None
+        self._keep: list[Any] = []  # every buffer the compiled model views: freed only after it
+        self._embedding: torch.Tensor | None = None
+        self._dtype = torch.float32
+
+    def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
+        super().prepare(model, kv_caches, config)
+        self.request = self._compiled = None
+        describe = getattr(model, "describe", None)
+        try:
+            if describe is None:
+                raise NotBuildable(f"{type(model).__name__} does not describe itself (no describe())")
+            if config.tensor_parallel_size > 1:
+                raise NotBuildable(f"tensor_parallel_size={config.tensor_parallel_size} (the graph has no all-reduce)")
+            self._compile(describe(kv_caches), config)
+        except NotBuildable as exc:
+            logger.info("%s runner: eager, the OpenVINO graph does not run this model: %s", self.platform.name, exc)
+
+    def _compile(self, desc: Any, config: EngineConfigView) -> None:
+        import openvino as ov
+
+        plat = self.platform
+        cache_dtype = desc.layers[0].k_cache.dtype
+        kv_types = {torch.float32: ov.Type.f32, torch.bfloat16: ov.Type.bf16, torch.float16: ov.Type.f16}
+        if cache_dtype not in kv_types:
+            raise NotBuildable(f"KV cache dtype {cache_dtype}")
+        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_types[cache_dtype])
+        graph = builder.build()
+        compiled = ov.Core().compile_model(
+            graph,
+            plat.env["OPENVINO_DEVICE"],
+            plat.compile_properties(desc.dtype, kv_types[cache_dtype].get_type_name()),
+        )
+        request = compiled.create_infer_request()
+        keep: list[Any] = [desc, builder.keep]
+        for i, layer in enumerate(desc.layers):
+            for name, cache in ((f"key_cache.{i}", layer.k_cache), (f"value_cache.{i}", layer.v_cache)):
+                port = compiled.input(name)
+                shape = self._cache_shape(port, cache)
+                request.set_tensor(port, ov_tensor(cache, kv_types[cache_dtype], shape))
+                keep.append(cache)
+        self._compiled, self.request, self._keep = compiled, request, keep
+        self._embedding = desc.embedding if desc.tie_word_embeddings else None
+        self._dtype = desc.dtype
+        logger.info("%s runner: each step as one compiled OpenVINO model on %s (KV cache %s)",
+                    plat.name, plat.env["OPENVINO_DEVICE"], cache_dtype)  # fmt: skip
+
+    @staticmethod
+    def _cache_shape(port: Any, cache: torch.Tensor) -> list[int]:
+        """OpenVINO's shape of a cache input over ``cache`` (same blocks, same bytes per block)."""
+        dims = [d.get_length() if d.is_static else cache.shape[0] for d in port.get_partial_shape()]
+        if int(np.prod(dims)) != cache.numel():
+            raise NotBuildable(f"OpenVINO wants a KV cache block of {dims[1:]}, core's is {list(cache.shape[1:])}")
+        return dims
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.request is None:
+            return super().forward(inputs)
+        if inputs.lora is not None:
+            raise RuntimeError("the OpenVINO runner adds no LoRA deltas (the platform refuses enable_lora)")
+        meta = inputs.attn_metadata
+        query_lens = np.asarray(meta.query_lens_host, dtype=np.int32)
+        seq_lens = np.asarray(meta.seq_lens_host, dtype=np.int32)
+        block_size = self.kv_caches[0][0].shape[1]
+        num_blocks = -(-seq_lens // block_size)
+        tables = meta.block_tables.cpu().numpy()
+        block_indices = np.concatenate([row[:n] for row, n in zip(tables, num_blocks, strict=True)]).astype(np.int32)
+        request = self.request
+        request.set_tensor("input_ids", _host(inputs.input_ids, np.int64))
+        request.set_tensor("positions", _host(inputs.positions, np.int64))
+        request.set_tensor("past_lens", _ov(seq_lens - query_lens))
+        request.set_tensor("subsequence_begins", _ov(np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)))
+        request.set_tensor("block_indices", _ov(block_indices))
+        request.set_tensor("block_indices_begins", _ov(np.concatenate([[0], np.cumsum(num_blocks)]).astype(np.int32)))
+        request.set_tensor("max_context_len", _ov(np.asarray(seq_lens.max(), dtype=np.int32)))
+        request.infer()
+        hidden = torch.from_numpy(request.get_output_tensor(0).data.copy())
+        return hidden.to(self._dtype)
+
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Tied embeddings: float32 logits from the dense embedding (the model's LM head may
+        hold GGUF blocks that the torch kernels would dequantize on every call)."""
+        if self._embedding is None:
+            return super().compute_logits(hidden, rows)
+        picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long))
+        return torch.nn.functional.linear(picked.to(self._embedding.dtype), self._embedding).float()
+
+
+def _ov(array: np.ndarray) -> Any:
+    import openvino as ov
+
+    return ov.Tensor(array if array.flags.c_contiguous else array.copy())  # (ascontiguousarray makes 0-d 1-d)
+
+
+def _host(t: torch.Tensor, dtype: Any) -> Any:
+    return _ov(t.cpu().numpy().astype(dtype, copy=False))

@@ -1,0 +1,124 @@
+"""Linear weights as OpenVINO graph nodes: dense, or GGUF blocks as compressed weights.
+
+OpenVINO's CPU plugin recognizes ``Constant(u4/u8/i8) -> Convert -> [Subtract zero point]
+-> Multiply scale -> Reshape`` in front of a ``MatMul`` and runs it as a compressed-weight
+matmul, decompressing blocks on the fly. GGUF's 32-value blocks map onto that pattern:
+
+- ``Q8_0`` (``w = d * q``, q int8): i8 codes, one scale per block;
+- ``Q4_0`` (``w = d * (q - 8)``, q 4-bit): u4 codes, zero point 8;
+- ``Q4_1`` (``w = d * q + m``): u4 codes, zero point ``-m / d`` (a block with ``d == 0``
+  holds ``m`` everywhere: codes 1, scale ``m``, zero point 0, exactly the same values).
+
+GGUF packs element ``j`` and ``j + 16`` of a block in one byte; OpenVINO's u4 packs
+elements ``2i`` and ``2i + 1``: the nibbles are reordered once here. The constants share
+the memory of the torch tensors returned alongside them, which must outlive the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from plugins.kernels import GGUFWeight
+
+#: GGUF types kept compressed; others are dequantized to dense constants
+COMPRESSED_GGUF = frozenset({"Q8_0", "Q4_0", "Q4_1"})
+_BLOCK = 32
+
+
+def ov_tensor(t: torch.Tensor, ov_type: Any = None, shape: list[int] | None = None) -> Any:
+    """An ``ov.Tensor`` over ``t``'s memory (contiguous, on the CPU), typed ``ov_type`` (default: ``t``'s)."""
+    import openvino as ov
+
+    if not t.is_contiguous():
+        raise ValueError("ov_tensor needs a contiguous tensor")
+    ov_type = ov_type or OV_TYPES[t.dtype]()
+    raw = t.view(-1).view(torch.uint8).numpy() if t.numel() else t.numpy()
+    return ov.Tensor(raw, list(t.shape) if shape is None else shape, ov_type)
+
+
+def _types():
+    import openvino as ov
+
+    return {
+        torch.float32: lambda: ov.Type.f32,
+        torch.bfloat16: lambda: ov.Type.bf16,
+        torch.float16: lambda: ov.Type.f16,
+        torch.int8: lambda: ov.Type.i8,
+        torch.uint8: lambda: ov.Type.u8,
+        torch.int32: lambda: ov.Type.i32,
+        torch.int64: lambda: ov.Type.i64,
+    }
+
+
+OV_TYPES = _types()
+
+
+def constant(t: torch.Tensor, keep: list[torch.Tensor], ov_type: Any = None, shape: list[int] | None = None) -> Any:
+    """A Constant sharing ``t``'s memory; ``t`` is appended to ``keep`` (it must stay alive)."""
+    import openvino as ov
+
+    t = t.contiguous()
+    keep.append(t)
+    return ov.op.Constant(ov_tensor(t, ov_type, shape), shared_memory=True)
+
+
+def _repack_u4(codes: torch.Tensor) -> torch.Tensor:
+    """``[rows, blocks, 16]`` GGUF nibble bytes -> ``[rows, blocks, 16]`` bytes in OpenVINO's u4 order."""
+    values = torch.cat([codes & 0x0F, codes >> 4], dim=-1)  # [rows, blocks, 32] in element order
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).contiguous()
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _compressed(weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
+    """The decompression subgraph of a Q8_0/Q4_0/Q4_1 weight: f32 ``[rows, cols]``."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rows, cols, qtype = weight.rows, weight.cols, weight.qtype
+    nblocks = cols // _BLOCK
+    data = weight.data.reshape(rows, nblocks, -1)
+    scale = _f16(data[..., 0:2]).reshape(rows, nblocks, 1)
+    zero = None
+    if qtype == "Q8_0":
+        codes = constant(data[..., 2:].contiguous().view(torch.int8), keep)
+    elif qtype == "Q4_0":
+        codes = constant(_repack_u4(data[..., 2:]), keep, ov.Type.u4, [rows, nblocks, _BLOCK])
+        zero = ops.constant(8.0, ov.Type.f32)
+    else:  # Q4_1
+        minimum = _f16(data[..., 2:4]).reshape(rows, nblocks, 1)
+        packed = _repack_u4(data[..., 4:])
+        flat = scale == 0
+        if bool(flat.any()):  # a block of one value m: codes 1 times scale m
+            packed = torch.where(flat, torch.full_like(packed, 0x11), packed)
+            scale = torch.where(flat, minimum, scale)
+        zero = constant(torch.where(flat, torch.zeros_like(minimum), -minimum / scale), keep)
+        codes = constant(packed, keep, ov.Type.u4, [rows, nblocks, _BLOCK])
+    node = ops.convert(codes, ov.Type.f32)
+    if zero is not None:
+        node = ops.subtract(node, zero)
+    node = ops.multiply(node, constant(scale, keep))
+    return ops.reshape(node, ops.constant([rows, cols], ov.Type.i64), special_zero=False)
+
+
+def weight_node(weight: Any, keep: list[torch.Tensor], compress: bool) -> Any:
+    """The ``[out, in]`` f32 weight of a linear as a graph node.
+
+    :param weight: a dense tensor or a :class:`GGUFWeight` (what the platform's kernels kept).
+    :param compress: keep Q8_0/Q4_0/Q4_1 blocks compressed (else dequantize them).
+    :raises TypeError: for a weight form the graph does not take (integer checkpoints).
+    """
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    if isinstance(weight, GGUFWeight):
+        if compress and weight.qtype in COMPRESSED_GGUF and weight.cols % _BLOCK == 0:
+            return _compressed(weight, keep)
+        weight = weight.dequantize()
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(f"a {type(weight).__name__} weight")
+    node = constant(weight, keep)
+    return node if weight.dtype == torch.float32 else ops.convert(node, ov.Type.f32)

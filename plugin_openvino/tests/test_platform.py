@@ -1,0 +1,69 @@
+"""The OpenVINO platform's own parts: lazy import, availability, config, env variables, discovery."""
+
+import subprocess
+import sys
+
+import pytest
+from plugin_openvino.platform import OpenVinoPlatform
+from plugins.reference import engine_config
+
+
+def test_entry_point_module_does_not_import_openvino():
+    code = "import sys, plugin_openvino; plugin_openvino.register_platform(); print('openvino' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_unavailable_without_openvino(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    assert OpenVinoPlatform().unavailable_reason() == "openvino is not installed (pip install openvino)"
+
+
+def test_gpu_device_is_unavailable_with_its_reason(monkeypatch):
+    monkeypatch.setenv("CORE_OPENVINO_DEVICE", "GPU")
+    reason = OpenVinoPlatform().unavailable_reason()
+    assert reason is not None and "OPENVINO_DEVICE=GPU" in reason
+
+
+def test_block_size_forced_to_32():
+    assert OpenVinoPlatform().check_config(engine_config(block_size=16)) == {"block_size": 32}
+    assert OpenVinoPlatform().check_config(engine_config(block_size=32)) == {}
+
+
+@pytest.mark.parametrize("precision,kv", [("bf16", "bfloat16"), ("f16", "float16"), ("f32", "auto")])
+def test_kv_cache_precision(monkeypatch, precision, kv):
+    monkeypatch.setenv("VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", precision)
+    assert OpenVinoPlatform().check_config(engine_config(block_size=32))["kv_cache_dtype"] == kv
+
+
+def test_refused_settings(monkeypatch):
+    with pytest.raises(ValueError, match="LoRA"):
+        OpenVinoPlatform().check_config(engine_config(enable_lora=True))
+    monkeypatch.setenv("CORE_OPENVINO_CPU_KV_CACHE_PRECISION", "u8")
+    with pytest.raises(ValueError, match="u8"):
+        OpenVinoPlatform().check_config(engine_config())
+
+
+def test_kvcache_space_wins(monkeypatch):
+    monkeypatch.setenv("VLLM_OPENVINO_KVCACHE_SPACE", "0.25")
+    plat = OpenVinoPlatform()
+    budget, why = plat.memory.kv_cache_budget(engine_config(kv_cache_bytes=1 << 20), 0)
+    assert budget == 1 << 28 and "OPENVINO_KVCACHE_SPACE" in why
+
+
+def test_quantized_weights_switch(monkeypatch):
+    assert "gguf" in OpenVinoPlatform().kernels.supported_quantizations
+    monkeypatch.setenv("CORE_OPENVINO_ENABLE_QUANTIZED_WEIGHTS", "0")
+    assert "gguf" not in OpenVinoPlatform().kernels.supported_quantizations
+
+
+def test_core_devices_lists_it_available():
+    out = subprocess.run([sys.executable, "-m", "core.cli", "devices"], capture_output=True, text=True)
+    line = next(row for row in out.stdout.splitlines() if row.startswith("openvino "))
+    assert "available" in line and "unavailable" not in line, line
+    cpu_x86 = next((row for row in out.stdout.splitlines() if row.startswith("cpu_x86 ")), "")
+    if "available" in cpu_x86 and "unavailable" not in cpu_x86:
+        assert OpenVinoPlatform.priority < int(cpu_x86.split()[3])
