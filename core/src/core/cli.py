@@ -16,7 +16,6 @@ from core.bench.cli import add_bench_parser
 from core.config import add_engine_args, config_from_args
 from core.discovery import PluginRecord, discover
 from core.server.chat_templates import TemplateBudget
-from core.server.reasoning import PARSERS as REASONING_PARSERS
 
 logger = logging.getLogger("core")
 
@@ -194,12 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="how the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a parser another "
         "package registers (entry points core.tool_parsers)",
-    )
-    serve.add_argument(
-        "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
-        default=None,
-        help="split a thinking model's <think> text into the chat message's reasoning field",
     )
     serve.add_argument(
         "--allowed-origins", type=json_list, default=["*"], help='CORS: origins allowed, a JSON list (default ["*"])'

@@ -74,6 +74,7 @@ class LLMEngine:
             self.tokenizer,
             self.loaded.hf_config.vocab_size,
             self.loaded.eos_token_ids,
+            config.reasoning_parser,
         )
         self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()

@@ -45,6 +45,8 @@ QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
 EXECUTOR_BACKENDS = ("mp", "ray")
 #: grammar libraries of structured outputs (``auto``: xgrammar when installed, else llguidance)
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
+#: how thinking models mark their reasoning (``core.structured.reasoning``)
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 #: what the engine runs the model for (vLLM's ``--runner``): text generation, or pooling (embeddings,
 #: scores, classes); ``auto`` picks from the checkpoint (pooling for encoders)
 RUNNERS = ("auto", "generate", "pooling")
@@ -155,6 +157,12 @@ class EngineSettings:
         "auto",
         "grammar library of structured outputs: xgrammar, guidance (llguidance), or auto (xgrammar when installed)",
         choices=STRUCTURED_OUTPUTS_BACKENDS,
+    )
+    reasoning_parser: str | None = setting(
+        None,
+        "how the model marks its <think> reasoning: chat answers carry it in their reasoning field, and "
+        "structured outputs constrain only what follows it",
+        choices=REASONING_PARSERS,
     )
 
 

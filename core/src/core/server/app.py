@@ -39,8 +39,8 @@ from core.server.lora import add_lora_routes, lora_module
 from core.server.middleware import ApiKeyMiddleware, ArrivalMiddleware, BodyLimitMiddleware, arrival_time
 from core.server.pooling import add_pooling_routes
 from core.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from core.server.reasoning import get_reasoning_parser
 from core.server.streaming import ClientDisconnected
+from core.structured.reasoning import get_reasoning_parser
 from core.tools import get_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
         if args.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME: how the model writes calls")
         tool_parser = get_tool_parser(args.tool_call_parser)
-    reasoning_parser = get_reasoning_parser(args.reasoning_parser) if args.reasoning_parser else None
+    reasoning_parser = get_reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
     engines: list[AsyncEngine] = []
     try:
         for replica in range(config.data_parallel_size):

@@ -13,9 +13,9 @@ from core.server.errors import bad_request
 from core.server.frontend import Frontend
 from core.server.handler import Handler
 from core.server.params import chat_params
-from core.server.reasoning import ReasoningStream
 from core.server.responses import usage
 from core.server.streaming import ChoiceCursor, sse
+from core.structured.reasoning import ReasoningStream
 
 
 def chat_logprobs(fe: Frontend, token_ids: list[int], entries: list[dict[int, Logprob]], top_n: int) -> dict[str, list]:

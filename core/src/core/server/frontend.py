@@ -35,8 +35,8 @@ from core.server.chat_templates import (
 from core.server.errors import APIError, bad_request
 from core.server.lora import ServedLoRAs
 from core.server.metrics import RequestTracker, ServerMetrics
-from core.server.reasoning import ReasoningParser
 from core.structured import StructuredOutputsParams
+from core.structured.reasoning import ReasoningParser
 from core.tools import ToolParser, template_messages
 from core.tools.messages import reads_tools
 

@@ -11,6 +11,7 @@ import torch
 
 from core.structured.backends import Backend, Matcher, make_backend
 from core.structured.params import StructuredOutputsParams
+from core.structured.reasoning import END, START, ReasoningGate, get_reasoning_parser
 
 #: compiled grammars kept (least recently used dropped first)
 CACHE_SIZE = 256
@@ -24,7 +25,17 @@ class StructuredOutputs:
     constrained request, not at start-up.
     """
 
-    def __init__(self, backend: str, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        backend: str,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        reasoning_parser: str | None = None,
+    ) -> None:
+        """:param reasoning_parser: when set, constraints apply after the answer's reasoning
+        (:class:`~core.structured.reasoning.ReasoningGate`)."""
+        self.reasoning = get_reasoning_parser(reasoning_parser) if reasoning_parser else None
         self.backend_name = backend
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -56,8 +67,13 @@ class StructuredOutputs:
         return grammar
 
     def matcher(self, spec: StructuredOutputsParams) -> Matcher:
-        """A matcher at the start of ``spec``'s grammar, for one sequence."""
-        return self._get_backend().matcher(self.compile(spec))
+        """A matcher at the start of ``spec``'s grammar, for one sequence (after its reasoning, if any)."""
+        matcher = self._get_backend().matcher(self.compile(spec))
+        if self.reasoning is None:
+            return matcher
+        encode = self.tokenizer.encode
+        start, end = (encode(tag, add_special_tokens=False) for tag in (START, END))
+        return ReasoningGate(matcher, self.reasoning, start, end)
 
     def bitmask(self, matchers: Sequence[Matcher | None]) -> tuple[torch.Tensor, list[int]] | None:
         """The packed int32 bitmask [R, ceil(V / 32)] of the R rows that have a matcher, and those rows; None if none."""

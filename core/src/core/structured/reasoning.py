@@ -1,5 +1,6 @@
-"""Reasoning parsers (``core serve --reasoning-parser NAME``): a thinking model's ``<think>`` text
-goes to the message's ``reasoning`` (and ``reasoning_content``) field, the rest stays content.
+"""Reasoning parsers (``--reasoning-parser NAME``): a thinking model's ``<think>`` text goes to
+the chat message's ``reasoning`` (and ``reasoning_content``) field, the rest stays content, and a
+structured outputs constraint applies only to the rest (:class:`ReasoningGate`).
 
 ``deepseek_r1``: everything before ``</think>`` is reasoning (the template opens the block in the
 prompt; a leading ``<think>`` is dropped), and an answer that never closes it is all reasoning.
@@ -65,3 +66,44 @@ class ReasoningStream:
         delta = reasoning[self.num_reasoning :]
         self.num_reasoning = max(self.num_reasoning, len(reasoning))
         return delta, content
+
+
+class ReasoningGate:
+    """A sequence's grammar matcher that lets its reasoning through unconstrained.
+
+    While the answer is inside its ``<think>`` block every token is allowed and the inner
+    matcher sees none of them; from the token that closes the block on, the inner matcher
+    constrains and advances as usual. ``deepseek_r1`` answers start inside the block;
+    ``qwen3`` answers only when their first token opens one.
+
+    :param inner: the constraint's matcher (:class:`core.structured.backends.Matcher`).
+    :param start_ids: the token ids of ``<think>``; ``end_ids``: of ``</think>``.
+    """
+
+    def __init__(self, inner, parser: ReasoningParser, start_ids: list[int], end_ids: list[int]) -> None:
+        self.inner = inner
+        self.start_ids = start_ids
+        self.end_ids = end_ids
+        self.is_thinking: bool | None = True if parser.unclosed_is_reasoning else None  # None: not yet known
+        self._recent: list[int] = []
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        if self.is_thinking is False:
+            self.inner.fill_bitmask(bitmask, row)
+        else:
+            bitmask[row].fill_(-1)  # every bit set: any token
+
+    def accept(self, token_id: int) -> bool:
+        if self.is_thinking is None:  # the first token says whether a block opens
+            self.is_thinking = token_id == self.start_ids[0]
+            if self.is_thinking:
+                return True
+        if not self.is_thinking:
+            return self.inner.accept(token_id)
+        self._recent = (self._recent + [token_id])[-len(self.end_ids) :]
+        if self._recent == self.end_ids:
+            self.is_thinking = False
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.is_thinking is False and self.inner.is_terminated()
