@@ -145,23 +145,19 @@ class Kernels:
 
         Every query sees every key of its own sequence, none of another's (no causal mask).
         GQA: query head ``h`` reads key-value head ``h // (Hq // Hk)``. Returns ``[T, Hq, D]`` in
-        ``q``'s dtype. The reference pads the sequences to the longest and masks the padding.
+        ``q``'s dtype. The reference attends one sequence at a time (no padding, no mask) in float32.
         """
-        num_seqs, longest = len(seq_lens), max(seq_lens, default=0)
+        out = torch.empty_like(q)
         group = q.shape[1] // k.shape[1]
-        lens = torch.tensor(seq_lens, device=q.device)
-        valid = torch.arange(longest, device=q.device) < lens.unsqueeze(1)  # [N, L]
-
-        def padded(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [N, H, L, D] in float32
-            out = x.new_zeros((num_seqs, longest, *x.shape[1:]), dtype=torch.float32)
-            out[valid] = x.float()
-            return out.transpose(1, 2)
-
-        keys = padded(k).repeat_interleave(group, dim=1)
-        values = padded(v).repeat_interleave(group, dim=1)
-        mask = valid[:, None, None, :]  # keys of the query's own sequence
-        out = F.scaled_dot_product_attention(padded(q), keys, values, attn_mask=mask, scale=scale)
-        return out.transpose(1, 2)[valid].to(q.dtype)
+        start = 0
+        for n in seq_lens:
+            rows = slice(start, start + n)
+            query, keys, values = (x[rows].float().transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, n, D]
+            if group > 1:
+                keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            out[rows] = F.scaled_dot_product_attention(query, keys, values, scale=scale)[0].transpose(0, 1)
+            start += n
+        return out
 
     def lora_shrink(self, x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
         """(optional) LoRA: the first product of a mixed batch's adapter deltas (:mod:`plugins.lora`).
