@@ -1,0 +1,92 @@
+"""Structured outputs without a model: the request's constraint, the schema check, the compile cache."""
+
+from __future__ import annotations
+
+import pytest
+from core.structured import StructuredOutputsParams
+from core.structured.backends import check_xgrammar_schema, choose_backend
+from core.structured.manager import StructuredOutputs
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({}, "exactly one of"),
+        ({"regex": "a", "choice": ["b"]}, "got regex, choice"),
+        ({"choice": []}, "non-empty list"),
+        ({"choice": "ab"}, "non-empty list"),
+        ({"json": "{not json"}, "not valid JSON"),
+        ({"json": [1, 2]}, "JSON schema"),
+        ({"regex": ""}, "non-empty string"),
+    ],
+)
+def test_malformed_constraints_name_the_problem(fields, words):
+    with pytest.raises(ValueError, match=words):
+        StructuredOutputsParams(**fields)
+
+
+def test_unknown_fields_are_refused_by_name():
+    with pytest.raises(ValueError, match="regexp"):
+        StructuredOutputsParams.from_dict({"regexp": "a"})
+
+
+def test_equal_constraints_share_a_key():
+    a = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "integer"}}})
+    b = StructuredOutputsParams(json='{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+    assert a.key == b.key and a.kind == "json"
+    assert StructuredOutputsParams(choice=["a", "b"]).key != StructuredOutputsParams(choice=["b", "a"]).key
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"not": {"type": "string"}}, "'not' at #"),
+        ({"properties": {"a": {"if": {"type": "string"}, "then": {}}}}, "at #/properties/a"),
+        ({"items": {"allOf": [{"type": "integer"}, {"minimum": 1}]}}, "allOf"),
+        ({"$defs": {"d": {"type": "string", "format": "regex"}}}, "#/\\$defs/d"),
+    ],
+)
+def test_keywords_xgrammar_would_ignore_are_refused_with_their_place(schema, words):
+    with pytest.raises(ValueError, match=words):
+        check_xgrammar_schema(schema)
+
+
+def test_enforced_keywords_pass():
+    check_xgrammar_schema({"type": "object", "allOf": [{"type": "object"}], "properties": {"a": {"enum": [1]}}})
+
+
+def test_backend_choice():
+    assert choose_backend("guidance") == "guidance"
+    assert choose_backend("auto") in ("xgrammar", "guidance")
+    with pytest.raises(ValueError, match="auto, xgrammar, guidance"):
+        choose_backend("outlines")
+
+
+class _CountingBackend:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.compiles = 0
+
+    def compile(self, spec):
+        self.compiles += 1
+        return spec.key
+
+    def matcher(self, grammar):
+        return grammar
+
+
+def test_compiles_are_cached_and_the_bitmask_covers_constrained_rows_only():
+    structured = StructuredOutputs("guidance", tokenizer=object(), vocab_size=100, eos_token_ids=[0])
+    backend = structured._backend = _CountingBackend()
+    spec = StructuredOutputsParams(regex="[0-9]+")
+    assert structured.matcher(spec) == structured.matcher(StructuredOutputsParams(regex="[0-9]+"))
+    assert backend.compiles == 1
+    assert structured.bitmask([None, None]) is None
+
+    class AllowAll:
+        def fill_bitmask(self, bitmask, row):
+            bitmask[row].fill_(-1)
+
+    bitmask, rows = structured.bitmask([None, AllowAll(), None, AllowAll()])
+    assert rows == [1, 3] and tuple(bitmask.shape) == (2, 4) and bool((bitmask == -1).all())
