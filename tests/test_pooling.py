@@ -108,28 +108,51 @@ def test_unnormalized_and_errors(llm, minilm_dir):
         LLM(str(minilm_dir), runner="generate")
 
 
-def test_random_bert_classifier_matches_transformers(minilm_dir, tmp_path):
-    """A random-weight BertForSequenceClassification (a transformers config, 3 labels): the same probabilities."""
+def random_bert_classifier(directory, minilm_dir, num_labels: int):
+    """A random-weight BertForSequenceClassification from a transformers config, saved with MiniLM's tokenizer."""
     import transformers
 
     config = transformers.BertConfig(
         vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        num_labels=3, max_position_embeddings=128,
+        num_labels=num_labels, max_position_embeddings=128,
     )  # fmt: skip
-    torch.manual_seed(0)
+    torch.manual_seed(num_labels)
     model = transformers.BertForSequenceClassification(config).eval()
-    model.save_pretrained(tmp_path)
+    model.save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_dir / name, tmp_path / name)
+        shutil.copy(minilm_dir / name, directory / name)
+    assert json.loads((directory / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    return model
+
+
+def test_random_bert_classifier_matches_transformers(minilm_dir, tmp_path):
+    """3 labels: the same probabilities (softmax) as transformers."""
+    model = random_bert_classifier(tmp_path, minilm_dir, num_labels=3)
     llm = LLM(str(tmp_path), max_num_batched_tokens=32)
     try:
-        assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
         outs = llm.classify(SENTENCES[:4], use_tqdm=False)
         tokenizer = llm.get_tokenizer()
         for sentence, out in zip(SENTENCES[:4], outs, strict=True):
             with torch.no_grad():
                 logits = model(**tokenizer(sentence, return_tensors="pt")).logits[0]
             torch.testing.assert_close(out.outputs.data, torch.softmax(logits, -1), atol=1e-5, rtol=0)
+    finally:
+        llm.shutdown()
+
+
+def test_random_cross_encoder_scores_like_transformers(minilm_dir, tmp_path):
+    """1 label: score(query, docs) is the sigmoid of the head on each (query, doc) pair, token types included."""
+    model = random_bert_classifier(tmp_path, minilm_dir, num_labels=1)
+    llm = LLM(str(tmp_path))
+    try:
+        scores = [s.outputs.score for s in llm.score(SENTENCES[0], SENTENCES[1:5], use_tqdm=False)]
+        tokenizer = llm.get_tokenizer()
+        with torch.no_grad():
+            pairs = tokenizer([SENTENCES[0]] * 4, SENTENCES[1:5], padding=True, return_tensors="pt")
+            expected = torch.sigmoid(model(**pairs).logits[:, 0])
+            no_types = torch.sigmoid(model(pairs["input_ids"], attention_mask=pairs["attention_mask"]).logits[:, 0])
+        assert scores == pytest.approx(expected.tolist(), abs=1e-5)
+        assert scores != pytest.approx(no_types.tolist(), abs=1e-5)  # the second segment's token type matters
     finally:
         llm.shutdown()
 
@@ -151,3 +174,30 @@ def test_default_gguf_as_an_embedding_model():
             assert cosine >= 0.999, cosine
     finally:
         llm.shutdown()
+
+
+def test_server_scores_and_reranks_with_a_cross_encoder(minilm_dir, tmp_path, start_server):
+    """``core serve`` on a one-label BertForSequenceClassification: /score and /rerank are its pair scores."""
+    import httpx
+
+    random_bert_classifier(tmp_path, minilm_dir, num_labels=1)
+    llm = LLM(str(tmp_path))
+    try:
+        expected = [s.outputs.score for s in llm.score(SENTENCES[0], SENTENCES[1:5], use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    proc = start_server(tmp_path, "--drain-timeout", "0")
+    try:
+        with httpx.Client(base_url=proc.url, timeout=60) as http:
+            body = http.post("/score", json={"text_1": SENTENCES[0], "text_2": SENTENCES[1:5]}).json()
+            assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-5)
+            body = http.post("/v1/rerank", json={"query": SENTENCES[0], "documents": SENTENCES[1:5]}).json()
+            order = sorted(range(4), key=lambda i: -expected[i])
+            assert [r["index"] for r in body["results"]] == order
+            assert [r["relevance_score"] for r in body["results"]] == pytest.approx(
+                [expected[i] for i in order], abs=1e-5
+            )
+            probs = http.post("/classify", json={"input": [SENTENCES[0]]}).json()["data"][0]
+            assert probs["num_classes"] == 1 and 0 < probs["probs"][0] < 1
+    finally:
+        proc.stop()

@@ -32,10 +32,11 @@ from core.resolve import resolve_engine
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class PoolingRequest:
     request_id: str
     prompt_token_ids: list[int]
+    token_type_ids: list[int]
     params: PoolingParams
     arrival_time: float
 
@@ -84,7 +85,13 @@ class PoolingEngine:
 
     @property
     def can_classify(self) -> bool:
+        """The model has a classification head (``*ForSequenceClassification``)."""
         return self.is_encoder and self.loaded.model.classifier is not None
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """The model scores text pairs with a one-label head (its scores are not embeddings' cosines)."""
+        return self.can_classify and self.loaded.hf_config.num_labels == 1
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str, max_tokens: int | None = None) -> list[int]:
@@ -94,6 +101,15 @@ class PoolingEngine:
         if max_tokens is None:
             return self.tokenizer.encode(prompt)
         return self.tokenizer.encode(prompt, truncation=True, max_length=max_tokens)
+
+    def tokenize_pair(self, first: str, second: str, max_tokens: int | None = None) -> list[int]:
+        """Token ids of a text pair for a cross-encoder (``[CLS] first [SEP] second [SEP]``); with
+        ``max_tokens``, the longer text truncated first to fit."""
+        if self.tokenizer is None:
+            raise ValueError("this engine was started without a tokenizer: cross-encoder pairs need one")
+        if max_tokens is None:
+            return self.tokenizer.encode(first, second)
+        return self.tokenizer.encode(first, second, truncation="longest_first", max_length=max_tokens)
 
     def add_request(
         self,
@@ -134,7 +150,17 @@ class PoolingEngine:
         check_dimensions(params, self.pooler, self.hidden_size)
         if params.task == "classify" and not self.can_classify:
             raise ValueError(f"model {self.loaded.name} has no classification head")
-        request = PoolingRequest(request_id, ids, params, time.time() if arrival_time is None else arrival_time)
+        types = [0] * len(ids)
+        if params.task == "score":
+            if not self.is_cross_encoder:
+                raise ValueError(f"model {self.loaded.name} is not a cross-encoder (a one-label classification head)")
+            sep = self.loaded.hf_config.sep_token_id if self.tokenizer is None else self.tokenizer.sep_token_id
+            if sep not in ids:
+                raise ValueError("a cross-encoder's input is a pair: [CLS] first [SEP] second [SEP]")
+            first_len = ids.index(sep) + 1
+            types = [0] * first_len + [1] * (len(ids) - first_len)
+        arrival = time.time() if arrival_time is None else arrival_time
+        request = PoolingRequest(request_id, ids, types, params, arrival)
         self.requests[request_id] = request
         self.waiting.append(request)
 
@@ -158,16 +184,19 @@ class PoolingEngine:
         if not batch:
             return []
         lens = [len(r.prompt_token_ids) for r in batch]
-        hidden = self.runner.hidden_states([r.prompt_token_ids for r in batch])
+        hidden = self.runner.hidden_states([r.prompt_token_ids for r in batch], [r.token_type_ids for r in batch])
         with self.platform.runner.grad_mode():
             pooled = pool(hidden, lens, self.pooler.pooling_type).cpu()
-            if any(r.params.task == "classify" for r in batch):
+            if any(r.params.task != "embed" for r in batch):
                 firsts = torch.tensor([0, *lens[:-1]], device=hidden.device).cumsum(0)
-                probs = torch.softmax(self.loaded.model.classify(hidden[firsts]), dim=-1).cpu()
+                logits = self.loaded.model.classify(hidden[firsts]).cpu()
+                # one label: a probability of its own (sentence-transformers' CrossEncoder, vLLM)
+                probs = torch.sigmoid(logits) if logits.shape[1] == 1 else torch.softmax(logits, dim=-1)
         outputs = []
         for i, request in enumerate(batch):
             del self.requests[request.request_id]
-            data = probs[i] if request.params.task == "classify" else finish(pooled[i], request.params, self.pooler)
+            embed = request.params.task == "embed"
+            data = finish(pooled[i], request.params, self.pooler) if embed else probs[i]
             outputs.append(PoolingRequestOutput(request.request_id, request.prompt_token_ids, PoolingOutput(data)))
         return outputs
 

@@ -41,15 +41,12 @@ class PoolingAPI:
         self, inputs: Inputs, pooling_params: PoolingParams | None = None, use_tqdm: bool = True
     ) -> list[PoolingRequestOutput]:
         """Pool every input (text or token ids) as ``pooling_params`` says; outputs in input order."""
-        if not isinstance(self.engine, PoolingEngine):
-            raise ValueError(
-                f"this LLM runs {self.engine.loaded.name} with the generate runner; pooling needs LLM(..., runner='pooling')"
-            )
+        engine = self._pooling_engine()
         params = pooling_params or PoolingParams()
         order = []
         for text, ids in split_inputs(inputs):
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids)
+            engine.add_request(request_id, prompt=text, params=params, prompt_token_ids=ids)
             order.append(request_id)
         return self._pool(order, use_tqdm)
 
@@ -72,13 +69,22 @@ class PoolingAPI:
     def score(
         self, data_1: str | Seq[str], data_2: str | Seq[str], use_tqdm: bool = True
     ) -> list[ScoringRequestOutput]:
-        """Cosine similarity of ``data_1`` to each of ``data_2`` (one text against N), or pairwise (N against N)."""
+        """Scores of ``data_1`` against each of ``data_2`` (one text against N) or pairwise (N against N):
+        a cross-encoder's (sigmoid of its one-label head on each pair), else the cosine of the embeddings."""
         first = [data_1] if isinstance(data_1, str) else list(data_1)
         second = [data_2] if isinstance(data_2, str) else list(data_2)
         if len(first) == 1:
             first = first * len(second)
         if len(first) != len(second) or not second:
             raise ValueError(f"score() pairs 1 text with N or N with N; got {len(first)} and {len(second)}")
+        engine = self._pooling_engine()
+        if engine.is_cross_encoder:
+            pairs = [engine.tokenize_pair(a, b) for a, b in zip(first, second, strict=True)]
+            outs = self.encode(pairs, PoolingParams("score"), use_tqdm)
+            return [
+                ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(float(o.outputs.data[0])))
+                for o in outs
+            ]
         outs = self.embed([*first, *second], use_tqdm=use_tqdm, normalize=True)
         left, right = outs[: len(first)], outs[len(first) :]
         return [
@@ -89,6 +95,13 @@ class PoolingAPI:
             )
             for a, b in zip(left, right, strict=True)
         ]
+
+    def _pooling_engine(self) -> PoolingEngine:
+        if not isinstance(self.engine, PoolingEngine):
+            raise ValueError(
+                f"this LLM runs {self.engine.loaded.name} with the generate runner; pooling needs LLM(..., runner='pooling')"
+            )
+        return self.engine
 
     def _pool(self, order: list[str], use_tqdm: bool) -> list[PoolingRequestOutput]:
         finished: dict[str, PoolingRequestOutput] = {}

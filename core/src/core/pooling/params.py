@@ -6,15 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
-#: what a pooling request computes: a normalized-or-not vector, or the classification head's probabilities
-POOLING_TASKS = ("embed", "classify")
+#: what a pooling request computes: a normalized-or-not vector, the classification head's probabilities,
+#: or a cross-encoder's score of a text pair
+POOLING_TASKS = ("embed", "classify", "score")
 
 
 @dataclass(frozen=True)
 class PoolingParams:
     """One pooling request's options.
 
-    :ivar task: ``"embed"`` (the pooled vector) or ``"classify"`` (softmax of the model's head).
+    :ivar task: ``"embed"`` (the pooled vector), ``"classify"`` (the head's softmax; a sigmoid for one
+        label) or ``"score"`` (a cross-encoder's one-label head on a pair encoded as one input,
+        ``[CLS] a [SEP] b [SEP]``: its sigmoid; tokens after the first separator are the second segment).
     :ivar normalize: L2-normalize the vector; None: as the model's pooler config says.
     :ivar dimensions: keep the first ``dimensions`` values, then normalize (Matryoshka models only).
     :ivar truncate_prompt_tokens: keep at most this many tokens of the input (-1: the model's

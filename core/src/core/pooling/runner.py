@@ -24,14 +24,16 @@ class EncoderRunner:
         self.model = model
         self.device = platform.runner.io_device()
 
-    def hidden_states(self, sequences: list[list[int]]) -> torch.Tensor:
-        """``[T, hidden_size]``: the sequences' last hidden states, concatenated."""
+    def hidden_states(self, sequences: list[list[int]], token_types: list[list[int]]) -> torch.Tensor:
+        """``[T, hidden_size]``: the sequences' last hidden states, concatenated (``token_types``:
+        each token's segment, 1 for a pair's second text)."""
         lens = [len(s) for s in sequences]
         ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=self.device)
+        types = torch.tensor([t for s in token_types for t in s], dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
         starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=self.device)
         with self.platform.runner.grad_mode():
-            return self.model(ids, positions, torch.zeros_like(ids), starts, lens)
+            return self.model(ids, positions, types, starts, lens)
 
 
 class DecoderRunner:
@@ -47,8 +49,9 @@ class DecoderRunner:
         runner.allocate_and_prepare(num_blocks)
         self.device = platform.runner.io_device()
 
-    def hidden_states(self, sequences: list[list[int]]) -> torch.Tensor:
-        """``[T, hidden_size]``: the final (normed) hidden states of the sequences, concatenated."""
+    def hidden_states(self, sequences: list[list[int]], token_types: list[list[int]]) -> torch.Tensor:
+        """``[T, hidden_size]``: the final (normed) hidden states of the sequences, concatenated
+        (a decoder has no segments: ``token_types`` are all 0 and unused)."""
         lens = [len(s) for s in sequences]
         tables, next_block = [], 0
         for n in lens:

@@ -1,7 +1,8 @@
 """The pooling endpoints: ``/v1/embeddings``, ``/pooling``, ``/classify``, ``/score`` (``/v1/``),
 ``/rerank`` (``/v1/``, ``/v2/``). Each input is one request of the pooling engine
 (:class:`core.pooling.PoolingEngine`); a server that runs the generate runner answers them with a
-400 naming it. Scores and rerank relevance are the cosine of the two texts' normalized embeddings."""
+400 naming it. Scores and rerank relevance are a cross-encoder's (a one-label classification head on
+the pair), else the cosine of the two texts' normalized embeddings."""
 
 from __future__ import annotations
 
@@ -58,8 +59,7 @@ class PoolingServer:
         if isinstance(texts[0], int):
             texts = [texts]
         fe.check_queue_fits(len(texts))
-        limit = engine.config.max_model_len
-        keep = limit if truncate == -1 else truncate
+        keep = engine.config.max_model_len if truncate == -1 else truncate
         loop = asyncio.get_running_loop()
         result = []
         for text in texts:
@@ -68,16 +68,33 @@ class PoolingServer:
             else:
                 ids = list(text)[-keep:] if keep else list(text)
                 fe.check_token_ids(ids, param)
-            if not ids:
-                raise bad_request(f"{param} holds an empty input: each needs at least one token", param)
-            if len(ids) > limit:
-                raise bad_request(
-                    f"{param} holds an input of {len(ids)} tokens; this model takes at most {limit}: "
-                    "shorten it or set truncate_prompt_tokens",
-                    param,
-                )
-            result.append(ids)
+            result.append(self.checked(ids, param))
         return result
+
+    async def pair_ids(self, first: list[str], second: list[str], truncate: int | None) -> list[list[int]]:
+        """A cross-encoder's input of each pair (``[CLS] first [SEP] second [SEP]``), truncated as asked."""
+        engine = self.engine
+        self.fe.check_queue_fits(len(first))
+        keep = engine.config.max_model_len if truncate == -1 else truncate
+        loop = asyncio.get_running_loop()
+        result = []
+        for a, b in zip(first, second, strict=True):
+            ids = await loop.run_in_executor(None, engine.tokenize_pair, a, b, keep)
+            result.append(self.checked(ids, "text_2"))
+        return result
+
+    def checked(self, ids: list[int], param: str) -> list[int]:
+        """``ids``, or a 400 naming ``param`` when they are empty or longer than the model takes."""
+        limit = self.engine.config.max_model_len
+        if not ids:
+            raise bad_request(f"{param} holds an empty input: each needs at least one token", param)
+        if len(ids) > limit:
+            raise bad_request(
+                f"{param} holds an input of {len(ids)} tokens; this model takes at most {limit}: "
+                "shorten it or set truncate_prompt_tokens",
+                param,
+            )
+        return ids
 
     async def run(self, raw: Request, prompts: list[list[int]], params: PoolingParams) -> list[PoolingRequestOutput]:
         """Admit one engine request per prompt and wait for all of them (they are aborted if the client leaves)."""
@@ -150,7 +167,12 @@ class PoolingServer:
     async def similarities(
         self, raw: Request, req: PoolingFields, first: list[str], second: list[str]
     ) -> tuple[list[float], list[PoolingRequestOutput]]:
-        """Cosine of ``first[i]`` and ``second[i]``, one embedding per distinct text."""
+        """The score of each pair ``first[i]``, ``second[i]``: a cross-encoder's, else the cosine of
+        their embeddings (one per distinct text)."""
+        if self.engine.is_cross_encoder:
+            prompts = await self.pair_ids(first, second, req.truncate_prompt_tokens)
+            outs = await self.run(raw, prompts, PoolingParams("score"))
+            return [float(out.outputs.data[0]) for out in outs], outs
         texts = list(dict.fromkeys([*first, *second]))
         outs = await self.run(
             raw, await self.token_ids(texts, req.truncate_prompt_tokens), self.params(req, normalize=True)
