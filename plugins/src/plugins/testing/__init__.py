@@ -16,6 +16,8 @@ and inherits every check, one module of this package per concern:
 - :mod:`plugins.testing.kernel_checks`: each kernel's signature against the SDK's
   :class:`plugins.kernels.Kernels`, and its results against the torch reference on fresh
   random inputs at several shapes and each supported dtype;
+- :mod:`plugins.testing.edge_checks`: each kernel on named edge inputs (all-zero rows, tiny and
+  huge scales, an eps that matters, one token, the last position or slot, non-contiguous views);
 - :mod:`plugins.testing.kv_dtypes`: KV caches of each declared dtype;
 - :mod:`plugins.testing.moe_checks` and :mod:`plugins.testing.pooling_checks`: the MoE and
   pooling (encoder attention) hooks against their references;

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
 from plugins.platform import Platform
 
-#: absolute/relative tolerance per dtype for kernel outputs compared in float32
+#: ``(atol, rtol)`` per dtype for kernel outputs compared in float32 with a reference that
+#: computes in float32 from the same (rounded) inputs: a few units in the last place of the
+#: dtype (float16 keeps 11 significant bits, bfloat16 8). Checks whose outputs scale with their
+#: inputs multiply ``atol`` by that scale (:meth:`ConformanceBase._assert_close`).
 TOLERANCES = {"float32": (2e-4, 2e-4), "float16": (3e-3, 3e-3), "bfloat16": (3e-2, 3e-2)}
 
 
@@ -59,17 +64,37 @@ class ConformanceBase:
         return torch.Generator().manual_seed(1234)
 
     @staticmethod
-    def _assert_close(actual: Any, expected: Any, dtype_name: str, what: str) -> None:
+    def _assert_close(
+        actual: Any,
+        expected: Any,
+        dtype_name: str,
+        what: str,
+        tolerances: dict[str, tuple[float, float]] = TOLERANCES,
+        scale: float = 1.0,
+    ) -> None:
+        """``actual`` within ``tolerances[dtype_name]`` of ``expected`` (``atol`` times ``scale``,
+        the magnitude of outputs that scale with the inputs); ``what`` names the kernel and inputs."""
         import torch
 
-        atol, rtol = TOLERANCES[dtype_name]
+        atol, rtol = tolerances[dtype_name]
         torch.testing.assert_close(
             actual.float().cpu(),
             expected.float().cpu(),
-            atol=atol,
+            atol=atol * scale,
             rtol=rtol,
             msg=lambda m: f"{what} ({dtype_name}): {m}",
         )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _named(what: str, dtype_name: str) -> Iterator[None]:
+        """An error a kernel raises inside the block fails the check naming the kernel and inputs."""
+        try:
+            yield
+        except AssertionError:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"{what} ({dtype_name}) raised {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
     def _rand(shape: tuple[int, ...], dtype_name: str, device: Any, generator: Any, scale: float = 1.0) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from plugins.testing.edge_checks import EdgeInputChecks
 from plugins.testing.identity import IdentityChecks
 from plugins.testing.kernel_checks import KernelChecks
 from plugins.testing.kv_dtypes import KvCacheDtypeChecks
@@ -12,6 +13,13 @@ from plugins.testing.runtime import RuntimeChecks
 
 
 class PlatformConformance(
-    IdentityChecks, KernelChecks, KvCacheDtypeChecks, LoRAChecks, MoEChecks, PoolingChecks, RuntimeChecks
+    IdentityChecks,
+    KernelChecks,
+    EdgeInputChecks,
+    KvCacheDtypeChecks,
+    LoRAChecks,
+    MoEChecks,
+    PoolingChecks,
+    RuntimeChecks,
 ):
     """Inherit this in a backend's tests and set :attr:`platform` to its Platform class."""

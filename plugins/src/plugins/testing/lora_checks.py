@@ -12,8 +12,9 @@ class LoRAChecks(ConformanceBase):
 
     @pytest.mark.parametrize(
         "row_slots,num_padded,in_features,parts,rank",
-        [([0], 0, 64, (32,), 8), ([1, -1, 0, 1, 1, -1, 2], 1, 128, (64, 32, 32), 16), ([-1] * 5 + [3] * 28, 3, 64,
-                                                                                      (96, 96), 8)],
+        [([3], 0, 64, (32,), 1),  # one token of the last slot, rank 1
+         ([0], 0, 64, (32,), 8), ([1, -1, 0, 1, 1, -1, 2], 1, 128, (64, 32, 32), 16),
+         ([-1] * 5 + [3] * 28, 3, 64, (96, 96), 8)],
     )  # fmt: skip
     def test_lora_shrink_expand(self, device_plat, gen, dtype_name, row_slots, num_padded, in_features, parts,
                                 rank) -> None:  # fmt: skip
