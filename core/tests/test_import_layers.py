@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"loader"},
     {"block_manager", "sampler", "resolve"},
     {"scheduler", "request_state"},
+    {"spec_decode"},  # speculative decoding: n-gram proposals and the acceptance rule the engine calls
     {"model_runner"},
     {"distributed"},  # one rank's worker and the executors that run workers
     {"engine"},

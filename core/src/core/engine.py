@@ -22,13 +22,15 @@ from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.distributed.launch import make_executor
 from core.lora import LoRARequest
+from core.model_runner import StepLogits
 from core.outputs import RequestOutput
 from core.request_state import Completion, RequestState, build_request
 from core.resolve import resolve_engine
 from core.sampler import Sampler, SamplerOutput, SamplingState
 from core.sampling_params import SamplingParams
-from core.scheduler import ScheduledSeq, Scheduler
-from core.sequence import SequenceStatus
+from core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from core.sequence import Sequence, SequenceStatus
+from core.spec_decode import SpecDecoder, SpeculativeConfig, num_accepted, row_outputs
 from core.structured import StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class LLMEngine:
         """:param data_parallel_rank: which of ``config.data_parallel_size`` replicas this engine is
         (its workers take global ranks from ``data_parallel_rank * tensor_parallel_size``)."""
         started = time.perf_counter()
+        spec = None if config.speculative_config is None else SpeculativeConfig.from_dict(config.speculative_config)
         resolved = resolve_engine(config)
         first_rank = data_parallel_rank * resolved.config.tensor_parallel_size
         self.platform = resolved.platform
@@ -69,6 +72,7 @@ class LLMEngine:
             max_loras=config.max_loras if config.enable_lora else None,
         )
         self.sampler = Sampler()
+        self.spec = None if spec is None else SpecDecoder(spec, config.max_model_len)
         self.structured = StructuredOutputs(
             config.structured_outputs_backend,
             self.tokenizer,
@@ -206,11 +210,14 @@ class LLMEngine:
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step; return the outputs of every request that progressed."""
-        sched = self.scheduler.schedule()
+        drafts = self._propose() if self.spec is not None else None
+        sched = self.scheduler.schedule(drafts)
         if sched.is_empty:
             return []
         self._mark_scheduled(sched.scheduled)
         logits = self.executor.execute(sched.scheduled)
+        if drafts:
+            return self._step_speculative(sched, logits)
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
         sampled = self._sample(logits.sample_logits, entries)
         token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=True)) if sampled else {}
@@ -221,23 +228,71 @@ class LLMEngine:
         for row, (state, c) in enumerate(entries):
             if c.seq.is_finished:
                 continue  # aborted after it was scheduled: it got no token
-            token_id = token_ids[c.seq.seq_id]
-            if c.matcher is not None and not c.matcher.accept(token_id):
-                logger.error("request %s: its grammar refused sampled token %d; it ends", state.request_id, token_id)
-                self.scheduler.finish(c.seq, SequenceStatus.FINISHED_ABORTED)
-                continue
-            status = state.record_token(
-                c,
-                token_id,
-                sampled.logprobs[row],
-                sampled.ranks[row],
-                sampled.top_logprobs[row],
-                capped=self.scheduler.is_capped(c.seq),
-            )
-            if status is None and c.matcher is not None and c.matcher.is_terminated():
-                status = SequenceStatus.FINISHED_STOPPED  # the grammar is complete (its stop token ignored)
+            status = self._record(state, c, token_ids[c.seq.seq_id], sampled, row)
             if status is not None:
                 self.scheduler.finish(c.seq, status)
+        return self._outputs({state.request_id: state for state, _ in entries})
+
+    def _record(
+        self, state: RequestState, c: Completion, token_id: int, sampled: SamplerOutput, row: int
+    ) -> SequenceStatus | None:
+        """Account for ``token_id`` (sampled at ``row``), just appended to ``c.seq``; a finish status, if any."""
+        if c.matcher is not None and not c.matcher.accept(token_id):
+            logger.error("request %s: its grammar refused sampled token %d; it ends", state.request_id, token_id)
+            return SequenceStatus.FINISHED_ABORTED
+        status = state.record_token(
+            c,
+            token_id,
+            sampled.logprobs[row],
+            sampled.ranks[row],
+            sampled.top_logprobs[row],
+            capped=self.scheduler.is_capped(c.seq),
+        )
+        if status is None and c.matcher is not None and c.matcher.is_terminated():
+            status = SequenceStatus.FINISHED_STOPPED  # the grammar is complete (its stop token ignored)
+        return status
+
+    def _propose(self) -> dict[int, list[int]]:
+        """Drafts for the decoding sequences that may speculate (not those with a grammar or an adapter)."""
+        seqs: list[Sequence] = []
+        for seq in self.scheduler.decoding():
+            c = self._by_seq[seq.seq_id][1]
+            if c.matcher is None and seq.lora is None:
+                seqs.append(seq)
+        return self.spec.propose(seqs)
+
+    def _step_speculative(self, sched: SchedulerOutput, logits: StepLogits) -> list[RequestOutput]:
+        """Verify a step with drafts: each sequence keeps its accepted drafts and one token more
+        (recorded one by one, so a stop or max_tokens inside a run drops what follows)."""
+        drafts = {item.seq.seq_id: item.draft_token_ids for item in sched.scheduled if item.draft_token_ids}
+        entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
+        runs = [drafts.get(c.seq.seq_id, []) for _, c in entries]
+        row_entries, outputs = [], []
+        for entry, run in zip(entries, runs, strict=True):
+            row_entries.extend([entry] * (len(run) + 1))
+            outputs.extend(row_outputs(entry[1].seq.output_token_ids, run))
+        sampled = self._sample(logits.sample_logits, row_entries, outputs)
+        finished: list[tuple[Sequence, SequenceStatus]] = []
+        row = 0
+        for (state, c), run in zip(entries, runs, strict=True):
+            first, row = row, row + len(run) + 1
+            if c.seq.is_finished:
+                continue  # aborted after it was scheduled: it got no token
+            accepted = num_accepted(sampled.token_ids[first:row], run)
+            if run:
+                self.spec.record(len(run), accepted)
+            for i in range(first, first + accepted + 1):
+                c.seq.append_token(sampled.token_ids[i])
+                status = self._record(state, c, sampled.token_ids[i], sampled, i)
+                if status is not None:
+                    finished.append((c.seq, status))
+                    break
+        self.scheduler.advance(sched)
+        for seq, status in finished:
+            self.scheduler.finish(seq, status)
+        for seq_id, (first_pos, rows) in logits.prompt_logits.items():
+            state, c = self._by_seq[seq_id]
+            state.record_prompt_logprobs(c, first_pos, rows)
         return self._outputs({state.request_id: state for state, _ in entries})
 
     def _mark_scheduled(self, scheduled: list[ScheduledSeq]) -> None:
@@ -248,7 +303,14 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
 
-    def _sample(self, logits: torch.Tensor, entries: list[tuple[RequestState, Completion]]) -> SamplerOutput | None:
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        entries: list[tuple[RequestState, Completion]],
+        outputs: list[list[int]] | None = None,
+    ) -> SamplerOutput | None:
+        """Sample a row per entry; ``outputs``: each row's output so far, when not its sequence's
+        (a speculative run's rows count the drafts before them)."""
         if not entries:
             return None
         mask = self.structured.bitmask([c.matcher for _, c in entries])
@@ -259,11 +321,11 @@ class LLMEngine:
             SamplingState(
                 params=state.params,
                 prompt_token_ids=state.prompt_token_ids,
-                output_token_ids=c.seq.output_token_ids,
+                output_token_ids=c.seq.output_token_ids if outputs is None else outputs[row],
                 generator=c.generator,
                 stop_token_ids=sorted(state.stop_ids),
             )
-            for state, c in entries
+            for row, (state, c) in enumerate(entries)
         ]
         return self.sampler(logits, states)
 
@@ -301,5 +363,6 @@ class LLMEngine:
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "spec_decode": None if self.spec is None else self.spec.stats(),
             "platform": self.platform.metrics(),
         }

@@ -26,10 +26,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class StepLogits:
-    """Logits of one step: a row per sequence that samples, and prompt-position rows for
-    sequences that asked for prompt logprobs (keyed by seq_id, with the chunk's first position)."""
+    """Logits of one step: a row per sequence that samples (k + 1 rows, in position order, for
+    one with k drafts), and prompt-position rows for sequences that asked for prompt logprobs
+    (keyed by seq_id, with the chunk's first position)."""
 
-    sample_logits: torch.Tensor  # float32 [num_sampling_seqs, vocab]
+    sample_logits: torch.Tensor  # float32 [num_sample_rows, vocab]
     sample_seq_ids: list[int]
     prompt_logits: dict[int, tuple[int, torch.Tensor]]
 
@@ -167,7 +168,7 @@ class StepBatch:
     query_lens: list[int]
     seq_lens: list[int]
     block_tables: list[list[int]]
-    sample_rows: list[int]  # the row of each sampling sequence's last new token
+    sample_rows: list[int]  # the row of each sampling sequence's last new token (and of each draft)
     sample_seq_ids: list[int]
     prompt_rows: dict[int, tuple[int, int, int]]  # seq_id -> (first position, first row, end row)
     loras: list[LoRARequest | None] | None = None  # each sequence's adapter; None when none has one
@@ -181,13 +182,19 @@ def make_batch(scheduled: list[ScheduledSeq]) -> StepBatch:
     sample_rows, sample_seq_ids = [], []
     prompt_rows: dict[int, tuple[int, int, int]] = {}
     for item in scheduled:
-        seq, n, start = item.seq, item.num_new_tokens, item.start_pos
+        seq, n, start, drafts = item.seq, item.num_new_tokens, item.start_pos, item.draft_token_ids
         row0 = len(ids)
-        ids.extend(seq.token_ids[start : start + n])
         positions.extend(range(start, start + n))
         query_lens.append(n)
         seq_lens.append(start + n)
         tables.append(seq.block_table)
+        if drafts:  # the last token, then the drafts: each of the k + 1 rows samples
+            ids.append(seq.token_ids[start])
+            ids.extend(drafts)
+            sample_rows.extend(range(row0, row0 + n))
+            sample_seq_ids.append(seq.seq_id)
+            continue
+        ids.extend(seq.token_ids[start : start + n])
         if item.needs_sample:
             sample_rows.append(row0 + n - 1)
             sample_seq_ids.append(seq.seq_id)

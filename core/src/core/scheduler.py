@@ -18,7 +18,10 @@ sequence not yet scheduled in the step is preempted by recompute: its blocks are
 arrivals of its priority. Nothing is admitted in a step that preempted.
 
 The engine runs the model on the scheduled tokens, samples one token for each sequence
-that reached its end, and calls ``update``.
+that reached its end, and calls ``update``. A step with speculative drafts
+(``schedule(drafts)``) schedules a speculating decode as its last token plus its drafts,
+with KV slots reserved for all of them; the engine then appends each sequence's accepted
+run and calls ``advance``, which rolls the computed length back over rejected drafts.
 """
 
 from __future__ import annotations
@@ -43,18 +46,21 @@ class ScheduledSeq:
     """A sequence's share of one step.
 
     Its new tokens are ``seq.token_ids[start_pos : start_pos + num_new_tokens]`` at
-    positions ``start_pos ...``; ``needs_sample`` says whether the step must produce a
-    token for it (it reaches ``seq.num_tokens``). Both are fixed when it is scheduled.
+    positions ``start_pos ...``, then its ``draft_token_ids`` (a speculating decode: the
+    last token and k drafts, ``num_new_tokens`` = k + 1); ``needs_sample`` says whether the
+    step must produce a token for it (it reaches ``seq.num_tokens``). All are fixed when it
+    is scheduled.
     """
 
     seq: Sequence
     num_new_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
     start_pos: int = field(init=False)
     needs_sample: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.start_pos = self.seq.num_computed_tokens
-        self.needs_sample = self.start_pos + self.num_new_tokens == self.seq.num_tokens
+        self.needs_sample = self.start_pos + self.num_new_tokens - len(self.draft_token_ids) == self.seq.num_tokens
 
 
 @dataclass
@@ -158,10 +164,19 @@ class Scheduler:
             )
         bisect.insort(self._waiting, seq, key=_order)
 
-    def schedule(self) -> SchedulerOutput:
-        """Pick this step's tokens and allocate their blocks. Call ``update`` after each."""
+    def decoding(self) -> list[Sequence]:
+        """Running sequences whose next step computes one token (their last): those that may speculate."""
+        return [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens == 1]
+
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> SchedulerOutput:
+        """Pick this step's tokens and allocate their blocks. Call ``update`` (or ``advance``) after each.
+
+        :param drafts: seq_id -> draft tokens of decoding sequences that speculate: each is
+            scheduled with its drafts when the budget and KV blocks allow (KV slots reserved
+            for all of them), else without (speculation never preempts anyone).
+        """
         out = SchedulerOutput()
-        budget = self._schedule_running(self.max_num_batched_tokens, out)
+        budget = self._schedule_running(self.max_num_batched_tokens, out, drafts)
         if not out.preempted:
             self._schedule_waiting(budget, out)
         return out
@@ -186,10 +201,29 @@ class Scheduler:
                     raise KeyError(f"No sampled token for sequence {seq.seq_id} (request {seq.request_id!r})")
                 seq.append_token(sampled[seq.seq_id])
                 advanced.append(seq)
-            self.block_manager.cache_blocks(seq)
-            if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
-                self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
+            self._computed(seq)
         return advanced
+
+    def advance(self, output: SchedulerOutput) -> None:
+        """Record that ``output``'s tokens were computed, its sampled tokens already appended
+        (a speculative step: the engine appends each run token by token, up to a stop).
+
+        A sequence that sampled keeps the KV of every position but its new last token: the
+        slots of rejected drafts are rolled back, to be overwritten by the next step.
+        """
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens = seq.num_tokens - 1 if item.needs_sample else item.start_pos + item.num_new_tokens
+            self._computed(seq)
+
+    def _computed(self, seq: Sequence) -> None:
+        """Cache ``seq``'s newly full blocks (only computed positions: never a rejected draft's)
+        and give back what its window left behind."""
+        self.block_manager.cache_blocks(seq)
+        if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
+            self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """End ``seq`` with a ``FINISHED_*`` status and free its blocks.
@@ -218,7 +252,7 @@ class Scheduler:
 
     # ---- internals ------------------------------------------------------------------
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+    def _schedule_running(self, budget: int, out: SchedulerOutput, drafts: dict[int, list[int]] | None) -> int:
         """Schedule running sequences, decodes first, preempting from the back; returns the budget left."""
         decoding = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens == 1]
         prefilling = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens > 1]
@@ -230,6 +264,15 @@ class Scheduler:
                 continue  # preempted to make room for one before it
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             num_tokens = seq.num_computed_tokens + num_new
+            draft = drafts.get(seq.seq_id) if drafts else None
+            if draft:
+                draft = draft[: budget - num_new]
+                if draft and self.block_manager.can_allocate(seq, num_tokens + len(draft)):
+                    self.block_manager.allocate(seq, num_tokens + len(draft))
+                    out.scheduled.append(ScheduledSeq(seq, num_new + len(draft), draft))
+                    scheduled.add(seq.seq_id)
+                    budget -= num_new + len(draft)
+                    continue
             while not self.block_manager.can_allocate(seq, num_tokens):
                 # the latest sequence not scheduled in this step (``seq`` itself at the latest)
                 victim = next(s for s in reversed(self._running) if s.seq_id not in scheduled)

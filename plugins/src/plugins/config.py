@@ -23,6 +23,7 @@ Plugins read fields as attributes; the view never changes after it is built.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,17 @@ def setting(default: Any, help: str, **how: Any) -> Any:
 def declared_settings(cls: type) -> list[tuple[dataclasses.Field, Setting]]:
     """The fields of a settings dataclass made by :func:`setting`, with their metadata, in order."""
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``--speculative-config``: a JSON object (its keys are checked by core when the engine starts)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"expected a JSON object, got {text!r}: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def gib(text: str) -> int | None:
@@ -163,6 +175,13 @@ class EngineSettings:
         "how the model marks its <think> reasoning: chat answers carry it in their reasoning field, and "
         "structured outputs constrain only what follows it",
         choices=REASONING_PARSERS,
+    )
+    speculative_config: dict[str, Any] | None = setting(
+        None,
+        'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": k, '
+        '"prompt_lookup_min": a, "prompt_lookup_max": b}',
+        metavar="JSON",
+        parse=json_object,
     )
 
 

@@ -1,0 +1,118 @@
+"""What the engine calls: proposals before a step, the acceptance rule after it, the counters.
+
+Verification reuses the engine's sampler: the target's logits at the k + 1 positions of a
+speculating sequence (its last token, then each draft) are sampled row by row, each row with
+the sampling state it would have without speculation (the drafts before it counted as
+output, for penalties and min_tokens). Draft ``j`` is accepted when row ``j`` drew it; the
+first row that drew anything else gives the run's last token, and a run where every draft
+was accepted ends with the last row's token.
+
+This is exact for n-gram drafts, whose proposal is a point mass at draft ``x``: the
+rejection sampler of Leviathan et al. accepts ``x`` with probability ``p(x)`` and otherwise
+draws from the residual ``max(p - q, 0)`` renormalised, which for ``q = δ_x`` is ``p`` with
+``x`` removed. Drawing ``y ~ p`` and accepting when ``y = x`` does both at once (``y`` given
+``y != x`` is that residual), so every token has the target's distribution (top-k, top-p,
+min-p, penalties, logit bias included) and greedy rows give the tokens of a plain run. A
+seeded request keeps its distribution, not its tokens: rejected rows consume noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from core.sequence import Sequence as Seq
+from core.spec_decode.config import SpeculativeConfig
+from core.spec_decode.ngram import propose_ngram
+
+logger = logging.getLogger(__name__)
+
+#: seconds between two acceptance-rate log lines (while speculating)
+LOG_INTERVAL_S = 10.0
+
+
+class SpecDecoder:
+    """Proposes drafts for decoding sequences and counts how many the target accepts.
+
+    :param config: the checked speculative config.
+    :param max_model_len: no draft may reach past it.
+    """
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.num_drafts = 0  # runs proposed and verified
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_accepted_per_pos = [0] * config.num_speculative_tokens
+        self._last_log = time.monotonic()
+        self._logged = (0, 0)  # (draft tokens, accepted) at the last log line
+
+    def propose(self, seqs: Iterable[Seq]) -> dict[int, list[int]]:
+        """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
+
+        Drafts stop short of ``max_tokens`` and ``max_model_len``: the run they give (the
+        accepted drafts and one token more) never outgrows what a plain run could produce.
+        """
+        c = self.config
+        drafts = {}
+        for seq in seqs:
+            room = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
+            k = min(c.num_speculative_tokens, room)
+            if k > 0:
+                proposal = propose_ngram(seq.token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+                if proposal:
+                    drafts[seq.seq_id] = proposal
+        return drafts
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        """Count one verified run of ``num_drafts`` drafts, ``num_accepted`` of them accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.num_accepted_per_pos[pos] += 1
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL_S:
+            self._log(now)
+
+    def stats(self) -> dict[str, object]:
+        """The counters, for metrics (totals since the engine started)."""
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_per_pos),
+        }
+
+    def _log(self, now: float) -> None:
+        drafted = self.num_draft_tokens - self._logged[0]
+        accepted = self.num_accepted_tokens - self._logged[1]
+        logger.info(
+            "speculative decoding (%s, k=%d): %d of %d draft tokens accepted (%.1f%%) in the last %.0fs; "
+            "since start %.1f%%, %.2f tokens per verified run",
+            self.config.method,
+            self.config.num_speculative_tokens,
+            accepted,
+            drafted,
+            100.0 * accepted / drafted if drafted else 0.0,
+            now - self._last_log,
+            100.0 * self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+            1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
+        )
+        self._last_log = now
+        self._logged = (self.num_draft_tokens, self.num_accepted_tokens)
+
+
+def num_accepted(sampled: Sequence[int], drafts: Sequence[int]) -> int:
+    """Leading drafts that the target drew at their rows (``sampled[j]`` is row ``j``'s token)."""
+    n = 0
+    while n < len(drafts) and sampled[n] == drafts[n]:
+        n += 1
+    return n
+
+
+def row_outputs(output_token_ids: list[int], drafts: Sequence[int]) -> list[list[int]]:
+    """The output each of a run's ``len(drafts) + 1`` rows is sampled after (its penalties, min_tokens)."""
+    return [output_token_ids, *(output_token_ids + list(drafts[:j]) for j in range(1, len(drafts) + 1))]

@@ -1,0 +1,33 @@
+"""N-gram (prompt lookup) proposals: the tokens that followed the sequence's suffix earlier on."""
+
+from __future__ import annotations
+
+from array import array
+
+_WIDTH = 4  # bytes of one token id in the searched buffer (int32: every vocabulary fits)
+
+
+def propose_ngram(token_ids: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
+    """Up to ``num_tokens`` drafts for ``token_ids``: the longest suffix of ``max_n`` down to
+    ``min_n`` tokens is looked up, latest occurrence first (before the suffix itself), and the
+    tokens after it are proposed; empty when no suffix recurs.
+
+    The search runs on the ids' bytes (``bytes.rfind``, C speed); a hit that is not aligned
+    to a token boundary is skipped.
+    """
+    length = len(token_ids)
+    if num_tokens < 1 or length < min_n + 1:
+        return []
+    data = array("i", token_ids).tobytes()
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = data[(length - n) * _WIDTH :]
+        end = (length - 1) * _WIDTH  # a match must end before the last token: one token follows it
+        while True:
+            hit = data.rfind(suffix, 0, end)
+            if hit < 0:
+                break
+            if hit % _WIDTH == 0:
+                start = hit // _WIDTH + n
+                return token_ids[start : start + num_tokens]
+            end = hit + len(suffix) - 1
+    return []

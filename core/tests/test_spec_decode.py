@@ -1,0 +1,110 @@
+"""Speculative decoding's parts: the config, n-gram proposals, and the scheduler's lookahead
+slots and rollback (a simulated target that drafts are checked against)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from core.block_manager import BlockManager
+from core.scheduler import Scheduler
+from core.sequence import Sequence, SequenceStatus
+from core.spec_decode import SpeculativeConfig, num_accepted, propose_ngram, row_outputs
+
+_ids = itertools.count()
+
+
+def test_config_defaults_and_errors():
+    c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
+    c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
+    bad = [
+        ({"method": "eagle", "num_speculative_tokens": 3}, "method must be one of ngram"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
+        ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "unknown key(s) model"),
+    ]
+    for config, message in bad:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            SpeculativeConfig.from_dict(config)
+
+
+def test_ngram_proposes_what_followed_the_longest_latest_suffix():
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3]
+    assert propose_ngram(tokens, 3, 1, 2) == [5, 6, 7]  # [2, 3] latest at 5..6
+    assert propose_ngram(tokens + [4], 2, 1, 3) == [9, 2]  # the 3-token suffix [2, 3, 4] at 1..3
+    assert propose_ngram([1, 2, 3], 2, 1, 3) == []
+    assert propose_ngram([7, 7], 4, 1, 1) == [7]  # continuation cut at the end
+    # a byte pattern that matches across token boundaries is not a match
+    assert propose_ngram([0x02000000, 0, 7, 2], 1, 1, 1) == []
+    assert propose_ngram([2, 5, 0x02000000, 0, 2], 1, 1, 1) == [5]
+
+
+def test_acceptance_rule_and_row_outputs():
+    assert num_accepted([5, 6, 7], [5, 6]) == 2
+    assert num_accepted([5, 8, 7], [5, 6]) == 1
+    assert num_accepted([4], []) == 0
+    assert row_outputs([1], [5, 6]) == [[1], [1, 5], [1, 5, 6]]
+
+
+def target(tokens: list[int]) -> int:
+    return (sum(tokens) * 7 + len(tokens)) % 50
+
+
+def test_scheduler_reserves_lookahead_rolls_back_and_caches_only_computed_blocks():
+    """Sequences speculate (drafts right for a while, then wrong) in a cache small enough to
+    preempt; the simulated KV written each step (drafts included) must equal the tokens of
+    every computed block, outputs equal a plain run, and no block leaks."""
+    bs, max_tokens = 4, 24
+    bm = BlockManager(20, bs, True)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=24, max_model_len=128)
+    kv: dict[int, dict[int, int]] = {}
+    seqs = []
+    for i in range(4):
+        seq = Sequence(next(_ids), f"r{i}", [i + 1] * 9, max_tokens, float(i))
+        seqs.append(seq)
+        sched.add(seq)
+    want = {}
+    for seq in seqs:
+        tokens = list(seq.prompt_token_ids)
+        for _ in range(max_tokens):
+            tokens.append(target(tokens))
+        want[seq.seq_id] = tokens[len(seq.prompt_token_ids) :]
+    steps = speculated = 0
+    while sched.has_unfinished():
+        steps += 1
+        assert steps < 400
+        drafts = {}
+        for seq in sched.decoding():  # right for 2 tokens, then one wrong
+            n = seq.num_output_tokens
+            drafts[seq.seq_id] = want[seq.seq_id][n : n + 2] + [99]
+        out = sched.schedule(drafts)
+        for item in out.scheduled:
+            seq, start = item.seq, item.start_pos
+            ids = seq.token_ids[start : start + item.num_new_tokens - len(item.draft_token_ids)] + item.draft_token_ids
+            assert len(seq.block_table) * bs >= start + len(ids)
+            for pos, token in enumerate(ids, start):
+                kv.setdefault(seq.block_table[pos // bs], {})[pos % bs] = token
+            if item.needs_sample:
+                run, tokens = item.draft_token_ids, list(seq.token_ids)
+                sampled = []
+                for j in range(len(run) + 1):
+                    sampled.append(target(tokens + run[:j]))
+                speculated += bool(run)
+                for token in sampled[: num_accepted(sampled, run) + 1]:
+                    if seq.num_output_tokens < max_tokens:
+                        seq.append_token(token)
+        sched.advance(out)
+        for item in out.scheduled:
+            seq = item.seq
+            for index in range(seq.num_computed_tokens // bs):
+                block = kv[seq.block_table[index]]
+                assert [block[i] for i in range(bs)] == seq.token_ids[index * bs : (index + 1) * bs]
+            if seq.num_output_tokens >= max_tokens and not seq.is_finished:
+                sched.finish(seq, SequenceStatus.FINISHED_LENGTH)
+    assert speculated > 10 and sched.num_preemptions > 0
+    for seq in seqs:
+        assert seq.output_token_ids == want[seq.seq_id]
+    bm.check_no_leaks()

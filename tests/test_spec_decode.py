@@ -1,0 +1,93 @@
+"""Speculative decoding (n-gram drafts) on the default model: the same greedy tokens as the
+same engine without it, with drafts proposed and accepted; sampled distributions unchanged
+on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import LLM, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+ENGINE = dict(max_model_len=512, max_num_seqs=8, kv_cache_bytes=128 << 20)
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
+    "Actions speak louder than words, and the early bird catches the worm."
+)
+COPY = f"Repeat the following text exactly.\n\n{TEXT}\n\n{TEXT}\n\nRepeated:\n"
+CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return LLM(**ENGINE)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    llm = LLM(speculative_config=NGRAM, **ENGINE)
+    yield llm
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_total_blocks, "KV blocks leaked"
+
+
+def _tokens(outs):
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def test_greedy_copy_and_chat_equal_without_speculation(base, spec):
+    params = SamplingParams(temperature=0.0, max_tokens=80)
+    before = spec.engine.spec.stats()
+    want = base.generate([COPY], params, use_tqdm=False) + base.chat([CHAT], params, use_tqdm=False)
+    got = spec.generate([COPY], params, use_tqdm=False) + spec.chat([CHAT], params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in want]
+    after = spec.engine.spec.stats()
+    assert after["num_drafts"] > before["num_drafts"]
+    assert after["num_accepted_tokens"] - before["num_accepted_tokens"] >= 20  # the copy is mostly accepted
+
+
+def test_greedy_equal_with_n_chunked_prefill_and_prefix_hits(base, spec):
+    """n = 2 sequences, two prompts sharing a long prefix (the second hits the first's cached blocks),
+    a token budget of 32 (the prompts are prefilled in chunks while others speculate)."""
+    kw = dict(ENGINE, max_num_batched_tokens=32, enable_chunked_prefill=True, enable_prefix_caching=True)
+    small_base = LLM(**kw)
+    small_spec = LLM(speculative_config=NGRAM, **kw)
+    params = SamplingParams(temperature=0.0, max_tokens=48, n=2)
+    prompts = [COPY, COPY + TEXT[:40]]
+    for llm in (small_base, small_spec):
+        llm.generate([COPY], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # fills the prefix cache
+    want = small_base.generate(prompts, params, use_tqdm=False)
+    got = small_spec.generate(prompts, params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    assert all(o.num_cached_tokens > 0 for o in got)
+    assert small_spec.engine.spec.stats()["num_accepted_tokens"] > 0
+    assert small_spec.engine.block_manager.num_free_blocks == small_spec.engine.block_manager.num_total_blocks
+
+
+def test_stop_string_and_max_tokens_inside_an_accepted_run(base, spec):
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=60, stop=["thousand"]),
+        SamplingParams(temperature=0.0, max_tokens=60, stop_token_ids=[base.get_tokenizer().encode(" lazy")[0]]),
+        SamplingParams(temperature=0.0, max_tokens=13),
+    ):
+        want = base.generate([COPY], params, use_tqdm=False)[0].outputs[0]
+        got = spec.generate([COPY], params, use_tqdm=False)[0].outputs[0]
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
+            want.token_ids,
+            want.text,
+            want.finish_reason,
+            want.stop_reason,
+        )
+
+
+def test_logprobs_of_accepted_tokens_are_the_targets(base, spec):
+    params = SamplingParams(temperature=0.0, max_tokens=40, logprobs=2)
+    want = base.generate([COPY], params, use_tqdm=False)[0].outputs[0]
+    got = spec.generate([COPY], params, use_tqdm=False)[0].outputs[0]
+    assert got.token_ids == want.token_ids
+    for w, g in zip(want.logprobs, got.logprobs, strict=True):
+        assert list(g) == list(w)
+        for tid in w:
+            assert g[tid].logprob == pytest.approx(w[tid].logprob, abs=2e-2)
+            assert g[tid].rank == w[tid].rank
