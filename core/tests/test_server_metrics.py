@@ -34,3 +34,14 @@ def test_kv_capacity_and_cache_dtype_are_exported():
         'core:cache_config_info{block_size="16",cache_dtype="fp8_e4m3",engine="0",model_name="m",num_blocks="10"} 1.0'
         in text
     )
+
+
+def test_spec_decode_counters_only_for_an_engine_that_speculates():
+    spec = {"num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 7, "num_accepted_tokens_per_pos": [3, 2]}
+    text = ServerMetrics(lambda: [{**_stats(1, 7), "spec_decode": spec}], "m").render().decode()
+    assert 'core:spec_decode_num_drafts_total{engine="0",model_name="m"} 3.0' in text
+    assert 'core:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 12.0' in text
+    assert 'core:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 7.0' in text
+    assert 'core:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 2.0' in text
+    plain = ServerMetrics(lambda: [{**_stats(1, 7), "spec_decode": None}], "m").render().decode()
+    assert "spec_decode" not in plain

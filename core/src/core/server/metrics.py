@@ -67,6 +67,17 @@ class _EngineStatsCollector:
                 [self.model_name, str(index), str(s["block_size"]), s["kv_cache_dtype"], str(s["num_total_blocks"])],
                 1.0,
             )
+            if s.get("spec_decode") is not None:
+                per_pos = families.setdefault(
+                    "core:spec_decode_num_accepted_tokens_per_pos",
+                    CounterMetricFamily(
+                        "core:spec_decode_num_accepted_tokens_per_pos",
+                        "Draft tokens accepted at each position of a run (0 first).",
+                        labels=[*names, "position"],
+                    ),
+                )
+                for pos, value in enumerate(s["spec_decode"]["num_accepted_tokens_per_pos"]):
+                    per_pos.add_metric([self.model_name, str(index), str(pos)], float(value))
         yield from families.values()
 
     @staticmethod
@@ -93,6 +104,14 @@ class _EngineStatsCollector:
             ("core:num_preemptions", "Sequences preempted for lack of KV cache.", s["num_preemptions"]),
         ):
             yield name, doc, CounterMetricFamily, value
+        spec = s.get("spec_decode")
+        if spec is not None:  # an engine that speculates: vLLM's counters
+            for name, doc, value in (
+                ("core:spec_decode_num_drafts", "Speculative runs verified.", spec["num_drafts"]),
+                ("core:spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", spec["num_draft_tokens"]),
+                ("core:spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec["num_accepted_tokens"]),
+            ):
+                yield name, doc, CounterMetricFamily, value
         for name, value in s.get("platform", {}).items():
             yield f"core:platform_{name}", "Reported by the device platform.", GaugeMetricFamily, value
 
