@@ -143,6 +143,32 @@ def test_openapi_documents_the_pooling_routes(http):
         assert "422" not in responses and {"200", "400", "404", "413", "503"} <= set(responses), path
 
 
+def test_fuzzed_pooling_requests_get_no_5xx(server):
+    """Schemathesis over the pooling routes (bodies that fit their schema, then ones that break it)."""
+    import itertools
+
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    operations = [r.ok() for r in schema.include(method="POST").get_all_operations()]
+    operations = [op for op in operations if op.path not in ("/v1/completions", "/v1/chat/completions")]
+    assert len(operations) == 10, [op.label for op in operations]  # the 8 pooling routes, /tokenize, /detokenize
+    statuses: list[int] = []
+    for operation, mode in itertools.product(operations, GenerationMode):
+
+        @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(case=operation.as_strategy(mode))
+        def call(case):
+            response = case.call(timeout=60)
+            statuses.append(response.status_code)
+            assert response.status_code < 500, (case.path, case.body, response.text)
+
+        call()
+    assert statuses.count(200) >= 10 and statuses.count(400) >= 15, statuses
+
+
 def test_generation_server_refuses_pooling_requests(tiny_llama, start_server):
     proc = start_server(tiny_llama, "--drain-timeout", "0")
     try:
