@@ -1,8 +1,9 @@
 """The pooling engine: inputs in, one vector (or class probabilities) each out, no KV cache kept.
 
 A step reads ``schedule -> encode -> pool -> outputs``: waiting requests are taken oldest first
-while their tokens fit the step's budget (``max_num_batched_tokens``; a longer input runs alone)
-and ``max_num_seqs``; the model encodes them as one flattened batch; each sequence's rows are
+while their tokens fit the step's budget (``max_num_batched_tokens``, by default at least
+:data:`POOLING_STEP_TOKENS`; a longer input runs alone) and ``max_num_seqs``; the model
+encodes them as one flattened batch; each sequence's rows are
 pooled as the model's :class:`~core.pooling.config.PoolerConfig` says and finished as its request
 asks (cut to ``dimensions``, normalized). Every request finishes in the step that runs it. The
 engine has :class:`core.engine.LLMEngine`'s face (add, step, abort, stats), so the offline API and
@@ -30,6 +31,9 @@ from core.pooling.runner import DecoderRunner, EncoderRunner
 from core.resolve import resolve_engine
 
 logger = logging.getLogger(__name__)
+
+#: tokens a pooling step takes at least when the user set no ``max_num_batched_tokens``
+POOLING_STEP_TOKENS = 2048
 
 
 @dataclass(eq=False)
@@ -61,7 +65,9 @@ class PoolingEngine:
         if config.max_model_len is None and self.pooler.max_seq_length:  # sentence-transformers' own limit
             max_len = min(max_len, self.pooler.max_seq_length)
         self.config = dataclasses.replace(view, max_model_len=max_len)
-        self.budget = self.config.max_num_batched_tokens
+        # a platform's default budget bounds the prefill a decoding request waits behind; pooling steps
+        # delay no decoding, so they take the SDK's default when the platform's is smaller
+        self.budget = config.max_num_batched_tokens or max(self.config.max_num_batched_tokens, POOLING_STEP_TOKENS)
         if self.is_encoder:
             self.runner: EncoderRunner | DecoderRunner = EncoderRunner(self.platform, model)
         else:
@@ -69,13 +75,14 @@ class PoolingEngine:
         self.requests: dict[str, PoolingRequest] = {}
         self.waiting: collections.deque[PoolingRequest] = collections.deque()
         logger.info(
-            "pooling engine ready in %.1fs: device=%s model=%s (%s pooling%s, max_model_len=%d) dtype=%s",
+            "pooling engine ready in %.1fs: device=%s model=%s (%s pooling%s, max_model_len=%d, %d tokens a step) dtype=%s",
             time.perf_counter() - started,
             self.platform.name,
             self.loaded.name,
             self.pooler.pooling_type,
             ", normalized" if self.pooler.normalize else "",
             max_len,
+            self.budget,
             self.config.dtype,
         )
 
