@@ -91,3 +91,57 @@ def test_logprobs_of_accepted_tokens_are_the_targets(base, spec):
         for tid in w:
             assert g[tid].logprob == pytest.approx(w[tid].logprob, abs=2e-2)
             assert g[tid].rank == w[tid].rank
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model(tmp_path_factory):
+    """A 2-layer random Llama over 8 tokens: every token keeps a real share of each position."""
+    import torch
+    from plugins.reference import tiny_model_config
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_model_config(vocab_size=8, bos_token_id=0, eos_token_id=7))
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.3)
+    directory = tmp_path_factory.mktemp("small-vocab")
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def _counts(outs, positions):
+    from collections import Counter
+
+    return Counter(tuple(c.token_ids[p] for p in positions) for o in outs for c in o.outputs)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True, top_p=0.9, presence_penalty=1.0),
+    ],
+    ids=["plain", "top_p+penalty"],
+)
+def test_sampled_distributions_are_unchanged(small_vocab_model, params):
+    """Token frequencies at output positions 1-5 (the first comes from the prefill) and of positions
+    1 and 2 together, with and without speculation, 2000 samples each: a two-sample chi-square
+    test must not reject them."""
+    from scipy.stats import chi2_contingency
+
+    kw = dict(model=str(small_vocab_model), skip_tokenizer_init=True, max_model_len=64, max_num_seqs=256)
+    prompt = [*range(8), *range(8), 0, 1]  # every token recurs: each step has drafts
+    runs = {}
+    for name, extra in (("plain", {}), ("spec", {"speculative_config": {**NGRAM, "num_speculative_tokens": 3}})):
+        llm = LLM(seed=1 if name == "spec" else 2, **kw, **extra)
+        runs[name] = llm.generate(prompt_token_ids=[prompt] * 2000, sampling_params=params, use_tqdm=False)
+        if name == "spec":
+            stats = llm.engine.spec.stats()
+            assert stats["num_accepted_tokens"] > 500, stats  # the check below weighs many accepted drafts
+    for positions in ((1,), (2,), (3,), (4,), (5,), (1, 2)):
+        a, b = _counts(runs["plain"], positions), _counts(runs["spec"], positions)
+        keys = sorted(set(a) | set(b))
+        _, p_value, _, _ = chi2_contingency([[a[k] + 0.5 for k in keys], [b[k] + 0.5 for k in keys]])
+        assert p_value > 1e-3, (positions, a, b)

@@ -108,3 +108,22 @@ def test_scheduler_reserves_lookahead_rolls_back_and_caches_only_computed_blocks
     for seq in seqs:
         assert seq.output_token_ids == want[seq.seq_id]
     bm.check_no_leaks()
+
+
+def test_acceptance_rate_is_logged_periodically(caplog, monkeypatch):
+    import logging
+
+    from core.spec_decode import SpecDecoder, decoder
+
+    spec = SpecDecoder(SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2}), 64)
+    monkeypatch.setattr(decoder, "LOG_INTERVAL_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="core.spec_decode.decoder"):
+        spec.record(2, 1)
+        spec.record(2, 2)
+    assert "1 of 2 draft tokens accepted (50.0%)" in caplog.text
+    assert spec.stats() == {
+        "num_drafts": 2,
+        "num_draft_tokens": 4,
+        "num_accepted_tokens": 3,
+        "num_accepted_tokens_per_pos": [2, 1],
+    }
