@@ -5,6 +5,7 @@ generation server's answer to a pooling request."""
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 import numpy as np
@@ -64,6 +65,10 @@ def test_embeddings_match_sentence_transformers_in_every_input_form(server, http
     np.testing.assert_allclose(embed(http, ids), vectors, atol=1e-6)
     (b64,) = embed(http, DOCS[2], encoding_format="base64")
     np.testing.assert_allclose(np.frombuffer(base64.b64decode(b64), dtype="<f4"), vectors[2], atol=1e-6)
+    metrics = http.get("/metrics").text
+    assert re.search(r'^core:request_success_total\{finished_reason="stop",model_name="minilm"\} (\d+)', metrics, re.M)
+    prompt_tokens = re.search(r"^core:prompt_tokens_total\{[^}]*\} (\S+)$", metrics, re.M)
+    assert prompt_tokens and float(prompt_tokens.group(1)) >= 2 * sum(map(len, ids)) + len(ids[1])
 
 
 def test_openai_client_embeddings(server):

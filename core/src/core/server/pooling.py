@@ -120,6 +120,11 @@ class PoolingServer:
                 stream.close()
         if any(out.is_aborted for out in finals):
             raise APIError(503, "the request was aborted: the server is shutting down")
+        metrics = fe.metrics
+        for out in finals:
+            metrics.prompt_tokens.inc(len(out.prompt_token_ids))
+            metrics.request_success("stop")
+            metrics.e2e.observe(time.time() - arrival_time(raw.scope))
         return finals
 
     def params(self, req: PoolingFields, **fields: Any) -> PoolingParams:
