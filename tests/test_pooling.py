@@ -202,3 +202,23 @@ def test_server_scores_and_reranks_with_a_cross_encoder(minilm_dir, tmp_path, st
             assert probs["num_classes"] == 1 and 0 < probs["probs"][0] < 1
     finally:
         proc.stop()
+
+
+def test_truncation_is_the_tokenizers_own(minilm_dir):
+    """Texts and pairs cut around the special tokens exactly as the tokenizer's own truncation cuts them
+    (``longest_first`` for pairs), without setting the shared tokenizer's truncation state."""
+    import random
+
+    import transformers
+    from core.pooling.inputs import encode_pair, encode_text
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    rng = random.Random(1)
+    words = "alpha beta gamma delta the of and serving engine attention".split()
+    for _ in range(100):
+        a, b = (" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) for _ in range(2))
+        for k in (None, 3, 16, 17, 40, 200):
+            cut = {} if k is None else {"truncation": True, "max_length": k}
+            assert encode_text(tokenizer, a, k) == tokenizer.encode(a, **cut)
+            cut = {} if k is None else {"truncation": "longest_first", "max_length": k}
+            assert encode_pair(tokenizer, a, b, k) == tokenizer.encode(a, b, **cut)

@@ -25,6 +25,7 @@ from core.config import EngineConfig
 from core.distributed.worker import Worker
 from core.models.bert import BertModel
 from core.pooling.config import read_pooler_config
+from core.pooling.inputs import encode_pair, encode_text
 from core.pooling.params import PoolingOutput, PoolingParams, PoolingRequestOutput
 from core.pooling.pooler import check_dimensions, finish, pool
 from core.pooling.runner import DecoderRunner, EncoderRunner
@@ -102,21 +103,16 @@ class PoolingEngine:
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str, max_tokens: int | None = None) -> list[int]:
-        """Token ids of ``prompt``; with ``max_tokens``, truncated by the tokenizer to that many."""
+        """Token ids of ``prompt``; with ``max_tokens``, at most that many (:func:`~core.pooling.inputs.encode_text`)."""
         if self.tokenizer is None:
             raise ValueError("this engine was started without a tokenizer: pass prompt_token_ids")
-        if max_tokens is None:
-            return self.tokenizer.encode(prompt)
-        return self.tokenizer.encode(prompt, truncation=True, max_length=max_tokens)
+        return encode_text(self.tokenizer, prompt, max_tokens)
 
     def tokenize_pair(self, first: str, second: str, max_tokens: int | None = None) -> list[int]:
-        """Token ids of a text pair for a cross-encoder (``[CLS] first [SEP] second [SEP]``); with
-        ``max_tokens``, the longer text truncated first to fit."""
+        """Token ids of a text pair for a cross-encoder (:func:`~core.pooling.inputs.encode_pair`)."""
         if self.tokenizer is None:
             raise ValueError("this engine was started without a tokenizer: cross-encoder pairs need one")
-        if max_tokens is None:
-            return self.tokenizer.encode(first, second)
-        return self.tokenizer.encode(first, second, truncation="longest_first", max_length=max_tokens)
+        return encode_pair(self.tokenizer, first, second, max_tokens)
 
     def add_request(
         self,
