@@ -2,6 +2,7 @@
 
 The feature's parts: :mod:`~core.pooling.params` (what a request asks, what it gets),
 :mod:`~core.pooling.config` (how a checkpoint pools: sentence-transformers' modules),
+:mod:`~core.pooling.inputs` (texts and pairs to token ids, truncated as the tokenizer would),
 :mod:`~core.pooling.pooler` (hidden states to vectors), :mod:`~core.pooling.runner` (a step on
 the device: encoders through ``Kernels.encoder_attention``, decoders over a scratch KV cache),
 :mod:`~core.pooling.engine` (the prefill-only engine) and :mod:`~core.pooling.select` (which
