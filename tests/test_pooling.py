@@ -145,7 +145,9 @@ def test_random_cross_encoder_scores_like_transformers(minilm_dir, tmp_path):
     model = random_bert_classifier(tmp_path, minilm_dir, num_labels=1)
     llm = LLM(str(tmp_path))
     try:
-        assert llm.engine.budget >= 2048  # a pooling step's default, above the CPU platform's 160 on 2 cores
+        assert (
+            llm.engine.config.max_num_batched_tokens >= 2048
+        )  # a pooling step's default, above the CPU platform's 160 on 2 cores
         scores = [s.outputs.score for s in llm.score(SENTENCES[0], SENTENCES[1:5], use_tqdm=False)]
         tokenizer = llm.get_tokenizer()
         with torch.no_grad():

@@ -65,14 +65,14 @@ class PoolingEngine:
         max_len = view.max_model_len
         if config.max_model_len is None and self.pooler.max_seq_length:  # sentence-transformers' own limit
             max_len = min(max_len, self.pooler.max_seq_length)
-        self.config = dataclasses.replace(view, max_model_len=max_len)
         # a platform's default budget bounds the prefill a decoding request waits behind; pooling steps
         # delay no decoding, so they take the SDK's default when the platform's is smaller
-        self.budget = config.max_num_batched_tokens or max(self.config.max_num_batched_tokens, POOLING_STEP_TOKENS)
+        budget = config.max_num_batched_tokens or max(view.max_num_batched_tokens, POOLING_STEP_TOKENS)
+        self.config = dataclasses.replace(view, max_model_len=max_len, max_num_batched_tokens=budget)
         if self.is_encoder:
             self.runner: EncoderRunner | DecoderRunner = EncoderRunner(self.platform, model)
         else:
-            self.runner = DecoderRunner(self.platform, self.worker.runner, self.config, max(self.budget, max_len))
+            self.runner = DecoderRunner(self.platform, self.worker.runner, self.config, max(budget, max_len))
         self.requests: dict[str, PoolingRequest] = {}
         self.waiting: collections.deque[PoolingRequest] = collections.deque()
         logger.info(
@@ -83,7 +83,7 @@ class PoolingEngine:
             self.pooler.pooling_type,
             ", normalized" if self.pooler.normalize else "",
             max_len,
-            self.budget,
+            budget,
             self.config.dtype,
         )
 
@@ -209,7 +209,7 @@ class PoolingEngine:
         num_tokens = 0
         while self.waiting and len(batch) < self.config.max_num_seqs:
             n = len(self.waiting[0].prompt_token_ids)
-            if batch and num_tokens + n > self.budget:
+            if batch and num_tokens + n > self.config.max_num_batched_tokens:
                 break
             batch.append(self.waiting.popleft())
             num_tokens += n
