@@ -83,12 +83,14 @@ def test_scheduler_reserves_lookahead_rolls_back_and_caches_only_computed_blocks
         out = sched.schedule(drafts)
         for item in out.scheduled:
             seq, start = item.seq, item.start_pos
-            ids = seq.token_ids[start : start + item.num_new_tokens - len(item.draft_token_ids)] + item.draft_token_ids
+            ids = seq.token_ids[start : start + item.num_new_tokens - len(item.draft_token_ids)] + list(
+                item.draft_token_ids
+            )
             assert len(seq.block_table) * bs >= start + len(ids)
             for pos, token in enumerate(ids, start):
                 kv.setdefault(seq.block_table[pos // bs], {})[pos % bs] = token
             if item.needs_sample:
-                run, tokens = item.draft_token_ids, list(seq.token_ids)
+                run, tokens = list(item.draft_token_ids), list(seq.token_ids)
                 sampled = []
                 for j in range(len(run) + 1):
                     sampled.append(target(tokens + run[:j]))

@@ -54,7 +54,7 @@ class ScheduledSeq:
 
     seq: Sequence
     num_new_tokens: int
-    draft_token_ids: list[int] = field(default_factory=list)
+    draft_token_ids: list[int] | tuple[()] = ()
     start_pos: int = field(init=False)
     needs_sample: bool = field(init=False)
 
@@ -201,7 +201,9 @@ class Scheduler:
                     raise KeyError(f"No sampled token for sequence {seq.seq_id} (request {seq.request_id!r})")
                 seq.append_token(sampled[seq.seq_id])
                 advanced.append(seq)
-            self._computed(seq)
+            self.block_manager.cache_blocks(seq)
+            if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
+                self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
         return advanced
 
     def advance(self, output: SchedulerOutput) -> None:
@@ -216,14 +218,9 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1 if item.needs_sample else item.start_pos + item.num_new_tokens
-            self._computed(seq)
-
-    def _computed(self, seq: Sequence) -> None:
-        """Cache ``seq``'s newly full blocks (only computed positions: never a rejected draft's)
-        and give back what its window left behind."""
-        self.block_manager.cache_blocks(seq)
-        if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
-            self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
+            self.block_manager.cache_blocks(seq)  # computed positions only: never a rejected draft's
+            if self.kv_window is not None:
+                self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """End ``seq`` with a ``FINISHED_*`` status and free its blocks.
