@@ -100,7 +100,7 @@ def test_kit_fails_a_wrong_kernel(tmp_path):
     """
     result = run_kit_on_kernels(tmp_path, "Broken", kernels, "-k", "silu or rms", float32_only=True)
     assert result.returncode == 1, result.stdout
-    assert "3 failed" in result.stdout and "silu_and_mul" in result.stdout
+    assert "5 failed" in result.stdout and "silu_and_mul" in result.stdout  # 3 random-input, 2 edge-input checks
 
 
 def test_unavailable_platform_skips_device_checks(tmp_path):
@@ -135,8 +135,8 @@ def test_kit_fails_a_kernel_that_ignores_strides(tmp_path):
     """
     result = run_kit_on_kernels(tmp_path, "Careless", kernels, "-k", "paged_attention", float32_only=True)
     assert result.returncode == 1, result.stdout
-    # the sliding-window cases pass contiguous q: they pass
-    assert "2 failed, 7 passed" in result.stdout and "paged_attention (fused qkv views)" in result.stdout
+    # the sliding-window and edge-input cases pass contiguous q: they pass
+    assert "2 failed, 10 passed" in result.stdout and ", fused qkv views (float32)" in result.stdout
 
 
 def test_greedy_mismatch_names_both_sides_and_the_first_differing_step():
@@ -228,4 +228,7 @@ def test_kit_fails_an_encoder_attention_that_leaks_across_sequences(tmp_path):
     """
     result = run_kit_on_kernels(tmp_path, "Leaky", kernels, "-k", "encoder_attention", float32_only=True)
     assert result.returncode == 1, result.stdout
-    assert "3 failed, 1 passed" in result.stdout and "encoder_attention (contiguous)" in result.stdout
+    assert (
+        "5 failed, 1 passed" in result.stdout
+        and "encoder_attention on seq_lens [5, 1, 17, 3], contiguous" in result.stdout
+    )

@@ -54,11 +54,15 @@ class KernelChecks(ConformanceBase):
         x = self._rand((num_tokens, hidden), dtype_name, dev, gen)
         res = self._rand((num_tokens, hidden), dtype_name, dev, gen)
         w = self._rand((hidden,), dtype_name, dev, gen, 0.5)
-        self._assert_close(device_plat.kernels.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), dtype_name, "rms_norm")
-        out, new_res = device_plat.kernels.fused_add_rms_norm(x.clone(), res.clone(), w, 1e-6)
+        what = f"random N(0,1) rows [{num_tokens}, {hidden}]"
+        with self._named(f"rms_norm on {what}", dtype_name):
+            got = device_plat.kernels.rms_norm(x, w, 1e-5)
+        self._assert_close(got, ref.rms_norm(x, w, 1e-5), dtype_name, f"rms_norm on {what}")
+        with self._named(f"fused_add_rms_norm on {what}", dtype_name):
+            out, new_res = device_plat.kernels.fused_add_rms_norm(x.clone(), res.clone(), w, 1e-6)
         ref_out, ref_res = ref.fused_add_rms_norm(x, res, w, 1e-6)
-        self._assert_close(out, ref_out, dtype_name, "fused_add_rms_norm output")
-        self._assert_close(new_res, ref_res, dtype_name, "fused_add_rms_norm residual")
+        self._assert_close(out, ref_out, dtype_name, f"fused_add_rms_norm output on {what}")
+        self._assert_close(new_res, ref_res, dtype_name, f"fused_add_rms_norm residual on {what}")
 
     @pytest.mark.parametrize(
         "num_tokens,q_heads,kv_heads,head_size,fused",
@@ -77,16 +81,20 @@ class KernelChecks(ConformanceBase):
         q, k, v = self._heads(num_tokens, (q_heads, kv_heads, kv_heads), head_size, dtype_name, dev, gen, fused)
         ref_q, ref_k = ref.rotary_embedding(positions, q.clone(), k.clone(), cache)
         v_before = v.clone()
-        got_q, got_k = device_plat.kernels.rotary_embedding(positions, q, k, cache)  # may rotate in place
-        layout = "fused qkv views" if fused else "contiguous"
-        self._assert_close(got_q, ref_q, dtype_name, f"rotary_embedding q ({layout})")
-        self._assert_close(got_k, ref_k, dtype_name, f"rotary_embedding k ({layout})")
-        self._assert_close(v, v_before, dtype_name, f"rotary_embedding must not write outside q and k ({layout})")
+        layout = "random positions, fused qkv views" if fused else "random positions, contiguous"
+        with self._named(f"rotary_embedding on {layout}", dtype_name):
+            got_q, got_k = device_plat.kernels.rotary_embedding(positions, q, k, cache)  # may rotate in place
+        self._assert_close(got_q, ref_q, dtype_name, f"rotary_embedding q on {layout}")
+        self._assert_close(got_k, ref_k, dtype_name, f"rotary_embedding k on {layout}")
+        self._assert_close(v, v_before, dtype_name, f"rotary_embedding on {layout} must not write outside q and k")
 
     @pytest.mark.parametrize("num_tokens,inter", [(1, 64), (5, 1536), (32, 256)])
     def test_silu_and_mul(self, device_plat, ref, gen, dtype_name, num_tokens, inter) -> None:
         x = self._rand((num_tokens, 2 * inter), dtype_name, device_plat.torch_device(), gen)
-        self._assert_close(device_plat.kernels.silu_and_mul(x), ref.silu_and_mul(x), dtype_name, "silu_and_mul")
+        what = f"silu_and_mul on random N(0,1) rows [{num_tokens}, {2 * inter}]"
+        with self._named(what, dtype_name):
+            got = device_plat.kernels.silu_and_mul(x)
+        self._assert_close(got, ref.silu_and_mul(x), dtype_name, what)
 
     @pytest.mark.parametrize("num_rows,vocab,rows", [(1, 100, [0]), (5, 1000, [4, 0, 2]), (3, 4096, [1, 2])])
     def test_apply_token_bitmask(self, device_plat, gen, num_rows, vocab, rows) -> None:
@@ -103,9 +111,13 @@ class KernelChecks(ConformanceBase):
             for t in range(vocab):
                 if not (int(bitmask[j, t // 32]) >> (t % 32)) & 1:
                     expected[row, t] = float("-inf")
-        got = logits.clone()
-        device_plat.kernels.apply_token_bitmask(got, bitmask, rows)
-        assert torch.equal(got.cpu(), expected), "apply_token_bitmask differs from the bit-by-bit mask"
+        got, what = logits.clone(), f"apply_token_bitmask on random words, rows {rows} of {num_rows}"
+        with self._named(what, "float32"):
+            device_plat.kernels.apply_token_bitmask(got, bitmask, rows)
+        wrong = (got.cpu() != expected).nonzero().tolist()
+        assert not wrong, (
+            f"{what}: {len(wrong)} logits differ from the bit-by-bit mask, first [row, token]: {wrong[:3]}"
+        )
 
     @pytest.mark.parametrize("num_tokens,in_features,out_features", [(1, 64, 96), (6, 576, 192), (40, 128, 256)])
     def test_linear(self, device_plat, ref, gen, dtype_name, num_tokens, in_features, out_features) -> None:
@@ -113,9 +125,11 @@ class KernelChecks(ConformanceBase):
         x = self._rand((num_tokens, in_features), dtype_name, dev, gen)
         w = self._rand((out_features, in_features), dtype_name, dev, gen, in_features**-0.5)
         b = self._rand((out_features,), dtype_name, dev, gen)
-        got = device_plat.kernels.linear(x, device_plat.kernels.prepare_linear(w, None), b)
+        what = f"linear on random N(0,1) x [{num_tokens}, {in_features}], weight [{out_features}, {in_features}]"
+        with self._named(what, dtype_name):
+            got = device_plat.kernels.linear(x, device_plat.kernels.prepare_linear(w, None), b)
         expected = ref.linear(x.float(), w.float(), b.float())
-        self._assert_close(got, expected, dtype_name, "linear")
+        self._assert_close(got, expected, dtype_name, what)
 
     @pytest.mark.parametrize("block_size,fused", [(16, False), (32, False), (16, True)])
     def test_write_kv_cache(self, device_plat, ref, gen, dtype_name, block_size, fused) -> None:
@@ -125,10 +139,11 @@ class KernelChecks(ConformanceBase):
         meta.slot_mapping[1] = -1  # padding token: must not be written
         ref_k, ref_v = k_cache.clone(), v_cache.clone()
         ref.write_kv_cache(k.clone(), v.clone(), ref_k, ref_v, meta.slot_mapping)
-        device_plat.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        layout = "fused qkv views" if fused else "contiguous"
-        self._assert_close(k_cache, ref_k, dtype_name, f"write_kv_cache k ({layout})")
-        self._assert_close(v_cache, ref_v, dtype_name, f"write_kv_cache v ({layout})")
+        layout = "scattered blocks, fused qkv views" if fused else "scattered blocks, contiguous"
+        with self._named(f"write_kv_cache on {layout}", dtype_name):
+            device_plat.kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        self._assert_close(k_cache, ref_k, dtype_name, f"write_kv_cache k on {layout}")
+        self._assert_close(v_cache, ref_v, dtype_name, f"write_kv_cache v on {layout}")
 
     @pytest.mark.parametrize(
         "query_lens,seq_lens,q_heads,kv_heads,head_size,block_size,fused",
@@ -150,16 +165,19 @@ class KernelChecks(ConformanceBase):
         dev = device_plat.torch_device()
         q = self._heads(meta.num_tokens, (q_heads, kv_heads, kv_heads), head_size, dtype_name, dev, gen, fused)[0]
         scale = head_size**-0.5
-        got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, scale)
+        what = f"paged_attention on query_lens {query_lens}, seq_lens {seq_lens}" + (", fused qkv views" * fused)
+        with self._named(what, dtype_name):
+            got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, scale)
         expected = ref.paged_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale)
-        layout = "fused qkv views" if fused else "contiguous"
-        self._assert_close(got, expected, dtype_name, f"paged_attention ({layout})")
+        self._assert_close(got, expected, dtype_name, what)
 
     @pytest.mark.parametrize("window", [1, 5, 40])
     def test_paged_attention_sliding_window(self, device_plat, ref, gen, dtype_name, window) -> None:
         """A local layer's window (Gemma 3): each query sees only its last ``window`` positions."""
         meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [7, 1, 30, 1], [7, 100, 45, 33], 2, 64, 16)
         q = self._heads(meta.num_tokens, (4, 2, 2), 64, dtype_name, device_plat.torch_device(), gen, False)[0]
-        got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window)
+        what = f"paged_attention on a mixed batch with sliding window {window}"
+        with self._named(what, dtype_name):
+            got = device_plat.kernels.paged_attention(q, k_cache, v_cache, meta, 0.125, sliding_window=window)
         expected = ref.paged_attention(q.float(), k_cache.float(), v_cache.float(), meta, 0.125, sliding_window=window)
-        self._assert_close(got, expected, dtype_name, f"paged_attention (sliding window {window})")
+        self._assert_close(got, expected, dtype_name, what)

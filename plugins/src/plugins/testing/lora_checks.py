@@ -29,10 +29,12 @@ class LoRAChecks(ConformanceBase):
         y = self._rand((num_rows, sum(parts)), dtype_name, dev, gen)
         mapping = LoRAMapping.build(row_slots, dev)
         kernels = device_plat.kernels
-        h = kernels.lora_shrink(x, lora_a, mapping)
-        got = y.clone()
-        for i, (b, offset) in enumerate(zip(lora_b, [sum(parts[:i]) for i in range(len(parts))], strict=True)):
-            kernels.lora_expand(got, h[:, i * rank : (i + 1) * rank], b, mapping, offset)
+        what = f"a batch of slots {row_slots} + {num_padded} padded rows, parts {parts} of rank {rank}"
+        with self._named(f"lora_shrink/lora_expand on {what}", dtype_name):
+            h = kernels.lora_shrink(x, lora_a, mapping)
+            got = y.clone()
+            for i, (b, offset) in enumerate(zip(lora_b, [sum(parts[:i]) for i in range(len(parts))], strict=True)):
+                kernels.lora_expand(got, h[:, i * rank : (i + 1) * rank], b, mapping, offset)
         expected_h = torch.zeros(num_rows, len(parts) * rank, dtype=torch.float64)
         expected = y.double().cpu()
         for t, slot in enumerate(row_slots):
@@ -44,5 +46,5 @@ class LoRAChecks(ConformanceBase):
                 expected[t] += torch.cat(delta)
         assert h.shape == expected_h.shape and h.dtype == torch.float32, f"lora_shrink gave {h.dtype} {tuple(h.shape)}"
         assert got.dtype == y.dtype, f"lora_expand changed the output's dtype to {got.dtype}"
-        self._assert_close(h, expected_h, dtype_name, "lora_shrink")
-        self._assert_close(got, expected, dtype_name, "lora_expand")
+        self._assert_close(h, expected_h, dtype_name, f"lora_shrink on {what}")
+        self._assert_close(got, expected, dtype_name, f"lora_expand on {what}")

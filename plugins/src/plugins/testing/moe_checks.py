@@ -24,8 +24,10 @@ class MoEChecks(ConformanceBase):
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
         weights, ids = weights.to(dev), ids.to(dev)
         kernels = device_plat.kernels
-        experts = kernels.prepare_experts(ExpertWeights(gate_up, down, num_experts), None)
-        got = kernels.fused_moe(x, experts, weights, ids)
+        what = f"fused_moe on {num_tokens} random tokens, top {top_k} of {num_experts} experts"
+        with self._named(what, dtype_name):
+            experts = kernels.prepare_experts(ExpertWeights(gate_up, down, num_experts), None)
+            got = kernels.fused_moe(x, experts, weights, ids)
         expected = ref.fused_moe(x, ref.prepare_experts(ExpertWeights(gate_up, down, num_experts), None), weights, ids)
         assert got.shape == x.shape and got.dtype == x.dtype, f"fused_moe gave {got.dtype} {tuple(got.shape)}"
-        self._assert_close(got, expected, dtype_name, "fused_moe")
+        self._assert_close(got, expected, dtype_name, what)

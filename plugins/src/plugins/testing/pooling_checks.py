@@ -46,8 +46,9 @@ class PoolingChecks(ConformanceBase):
         q, k, v = self._heads(num_tokens, (q_heads, kv_heads, kv_heads), head_size, dtype_name, dev, gen, fused)
         starts = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
         scale = head_size**-0.5
-        got = device_plat.kernels.encoder_attention(q, k, v, starts, list(seq_lens), scale)
+        layout = f"seq_lens {seq_lens}" + (", fused qkv views" if fused else ", contiguous")
+        with self._named(f"encoder_attention on {layout}", dtype_name):
+            got = device_plat.kernels.encoder_attention(q, k, v, starts, list(seq_lens), scale)
         expected = encoder_attention_loop(q.cpu(), k.cpu(), v.cpu(), seq_lens, scale)
         assert got.shape == q.shape and got.dtype == q.dtype, f"encoder_attention gave {got.dtype} {tuple(got.shape)}"
-        layout = "fused qkv views" if fused else "contiguous"
-        self._assert_close(got, expected, dtype_name, f"encoder_attention ({layout})")
+        self._assert_close(got, expected, dtype_name, f"encoder_attention on {layout}")
