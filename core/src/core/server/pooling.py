@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import time
 from typing import Any
 
@@ -60,28 +61,24 @@ class PoolingServer:
             texts = [texts]
         fe.check_queue_fits(len(texts))
         keep = engine.config.max_model_len if truncate == -1 else truncate
-        loop = asyncio.get_running_loop()
-        result = []
-        for text in texts:
-            if isinstance(text, str):
-                ids = await loop.run_in_executor(None, engine.tokenize, text, keep)
-            else:
-                ids = list(text)[-keep:] if keep else list(text)
+        if isinstance(texts[0], str):
+            encode = functools.partial(engine.tokenize, max_tokens=keep)
+            encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: [encode(t) for t in texts])
+        else:
+            encoded = [list(ids)[-keep:] if keep else list(ids) for ids in texts]
+            for ids in encoded:
                 fe.check_token_ids(ids, param)
-            result.append(self.checked(ids, param))
-        return result
+        return [self.checked(ids, param) for ids in encoded]
 
     async def pair_ids(self, first: list[str], second: list[str], truncate: int | None) -> list[list[int]]:
         """A cross-encoder's input of each pair (``[CLS] first [SEP] second [SEP]``), truncated as asked."""
         engine = self.engine
         self.fe.check_queue_fits(len(first))
         keep = engine.config.max_model_len if truncate == -1 else truncate
-        loop = asyncio.get_running_loop()
-        result = []
-        for a, b in zip(first, second, strict=True):
-            ids = await loop.run_in_executor(None, engine.tokenize_pair, a, b, keep)
-            result.append(self.checked(ids, "text_2"))
-        return result
+        encode = functools.partial(engine.tokenize_pair, max_tokens=keep)
+        pairs = list(zip(first, second, strict=True))
+        encoded = await asyncio.get_running_loop().run_in_executor(None, lambda: [encode(a, b) for a, b in pairs])
+        return [self.checked(ids, "text_2") for ids in encoded]
 
     def checked(self, ids: list[int], param: str) -> list[int]:
         """``ids``, or a 400 naming ``param`` when they are empty or longer than the model takes."""
@@ -97,27 +94,38 @@ class PoolingServer:
         return ids
 
     async def run(self, raw: Request, prompts: list[list[int]], params: PoolingParams) -> list[PoolingRequestOutput]:
-        """Admit one engine request per prompt and wait for all of them (they are aborted if the client leaves)."""
+        """Admit one engine request per prompt and wait for all of them (they are aborted if the client leaves).
+
+        The requests are handed to the engines at once: each engine takes them in at its next step boundary.
+        """
         fe = self.fe
         tickets = fe.admit(len(prompts))
-        started: list[tuple[int, Any]] = []
+        replicas = []
+        for _ in prompts:
+            replica = min(range(len(fe.replicas)), key=fe.in_flight.__getitem__)
+            fe.in_flight[replica] += 1
+            replicas.append(replica)
+        arrival = arrival_time(raw.scope)
+        adds = [
+            fe.replicas[replica].add_request(fe.new_id("pool"), params, prompt_token_ids=ids, arrival_time=arrival)
+            for replica, ids in zip(replicas, prompts, strict=True)
+        ]
+        streams = await asyncio.gather(*adds, return_exceptions=True)
         try:
-            for ids in prompts:
-                replica = min(range(len(fe.replicas)), key=fe.in_flight.__getitem__)
-                stream = await fe.replicas[replica].add_request(
-                    fe.new_id("pool"), params, prompt_token_ids=ids, arrival_time=arrival_time(raw.scope)
-                )
-                fe.in_flight[replica] += 1
-                started.append((replica, stream))
-            finals = await until_disconnected(raw, asyncio.gather(*(collect(s) for _, s in started)))
+            failed = next((s for s in streams if isinstance(s, BaseException)), None)
+            if failed is not None:
+                raise failed
+            finals = await until_disconnected(raw, asyncio.gather(*(collect(s) for s in streams)))
         except EngineDeadError as exc:
             raise APIError(503, f"the engine is not running: {exc}") from exc
         finally:
             for ticket in tickets:
                 ticket.release()
-            for replica, stream in started:
+            for replica in replicas:
                 fe.in_flight[replica] -= 1
-                stream.close()
+            for stream in streams:
+                if not isinstance(stream, BaseException):
+                    stream.close()
         if any(out.is_aborted for out in finals):
             raise APIError(503, "the request was aborted: the server is shutting down")
         metrics = fe.metrics
