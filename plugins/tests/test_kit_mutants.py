@@ -1,4 +1,5 @@
-"""The kit proves itself: kernel sets with one classic bug each fail its checks, the reference passes.
+"""The kit proves itself: kernel sets (and memory profilers) with one classic bug each fail its checks,
+the reference passes.
 
 Each mutant is a :class:`plugins.kernels.Kernels` subclass with one op broken the way plugin
 authors break it. One in-process pytest run holds a conformance class per mutant (float32, only
@@ -158,6 +159,31 @@ class WrittenOutKernels(Kernels):
 WRITTEN_OUT_MUTANTS = {"CausalMaskOffByOne"}
 
 
+# memory profilers: a fixed budget too small for one max_model_len sequence, one that ignores --kv-cache-memory
+PROFILERS = """
+class SmallBudget(MemoryProfiler):
+    def kv_cache_budget(self, config, peak_activation_bytes):
+        return 256 << 20, "a fixed 256 MiB"
+
+
+class IgnoresRequest(MemoryProfiler):
+    def kv_cache_budget(self, config, peak_activation_bytes):
+        return 2 << 30, "a fixed 2 GiB"
+
+
+"""
+PROFILER_MUTANTS = {"SmallBudget": "max_model_len=8192", "IgnoresRequest": "--kv-cache-memory asked"}
+
+
+def profiler_source(name):
+    """A reference platform ``Uses{name}`` whose memory profiler is ``name``, and its conformance class."""
+    return (
+        f"class Uses{name}(ReferencePlatform):\n    name = {name.lower()!r}\n\n"
+        f"    def make_memory_profiler(self):\n        return {name}(self)\n\n\n"
+        f"class TestUses{name}(PlatformConformance):\n    platform = Uses{name}\n\n\n"
+    )
+
+
 def platform_source(name, methods, base="Kernels"):
     """A float32 reference platform ``name`` whose kernels are ``{name}Kernels(base)`` with ``methods``."""
     body = textwrap.indent(textwrap.dedent(methods).strip() or "pass", "    ")
@@ -187,8 +213,11 @@ def kit_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("mutants")
     source = (
         "import torch\nimport torch.nn.functional as F\nfrom plugins.kernels import Kernels\n"
-        "from plugins.reference import ReferencePlatform\nfrom plugins.testing import PlatformConformance\n\n\n"
+        "from plugins.memory import MemoryProfiler\nfrom plugins.reference import ReferencePlatform\n"
+        "from plugins.testing import PlatformConformance\n\n\n"
         + WRITTEN_OUT
+        + PROFILERS
+        + "".join(map(profiler_source, PROFILER_MUTANTS))
         + platform_source("Reference", "")
         + platform_source("WrittenOut", "", base="WrittenOutKernels")
         + "".join(
@@ -200,7 +229,8 @@ def kit_results(tmp_path_factory):
     (root / "pytest.ini").write_text("[pytest]\n")
     checks = " or ".join(sorted({f"({k})" for k, _, _ in MUTANTS.values()}))
     selection = " or ".join(
-        [f"(TestReference and ({checks}))", "(TestWrittenOut and paged_attention)"]
+        [f"(TestReference and ({checks} or test_memory))", "(TestWrittenOut and paged_attention)"]
+        + [f"(TestUses{name} and test_memory)" for name in PROFILER_MUTANTS]
         + [f"(Test{name} and ({k}))" for name, (k, _, _) in MUTANTS.items()]
     )
     reports = Reports()
@@ -231,3 +261,10 @@ def test_the_kit_fails_the_mutant_naming_kernel_input_and_error(kit_results, nam
     named = re.compile(rf"{kernel}\b[^\n]* on [^\n]+(not close|raised \w+|differ)")
     explained = [text for text in failures if named.search(text)]
     assert explained, f"{name}: no failure names {kernel}, the input class and the error:\n{failures[0][-1500:]}"
+
+
+@pytest.mark.parametrize("name", list(PROFILER_MUTANTS))
+def test_the_kit_fails_a_memory_profiler_that_cannot_serve_the_defaults(kit_results, name):
+    ran = outcomes_of(kit_results, f"TestUses{name}")
+    failures = [text for outcome, text in ran.values() if outcome == "failed"]
+    assert any(PROFILER_MUTANTS[name] in text for text in failures), f"{name}: {len(failures)} of {len(ran)} failed"

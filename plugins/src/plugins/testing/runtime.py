@@ -23,8 +23,53 @@ def first_difference(name: str, device: list[list[int]], reference: list[list[in
     return None
 
 
+#: the KV geometry of the default model of ``core serve`` (SmolLM2-135M-Instruct): layers,
+#: KV heads, head size, and its context length, the default ``max_model_len``
+DEFAULT_MODEL_KV = (30, 3, 64, 8192)
+
+
 class RuntimeChecks(ConformanceBase):
     """The memory profiler, the runner (padded equals eager), the communicator and greedy generation."""
+
+    def _default_platform(self, device_plat, monkeypatch) -> Any:
+        """A fresh platform with none of its variables set (the default settings)."""
+        for var in device_plat.env_vars:
+            monkeypatch.delenv(var.env_name, raising=False)
+            monkeypatch.delenv(var.fallback_name, raising=False)
+        return type(device_plat)() if isinstance(self.platform, type) else device_plat
+
+    def test_memory_budget_holds_one_max_model_len_sequence(self, device_plat, monkeypatch) -> None:
+        """At the default settings (no variable, no ``--kv-cache-memory``, ``--dtype auto``) the KV
+        budget holds one ``max_model_len`` sequence of the default model: else the engine refuses to start."""
+        import torch
+        from plugins.config import EngineSettings
+
+        plat = self._default_platform(device_plat, monkeypatch)
+        layers, kv_heads, head_size, max_model_len = DEFAULT_MODEL_KV
+        dtype, block_size = plat.supported_dtypes[0], EngineSettings.block_size
+        config = engine_config(
+            device=plat.name, dtype=dtype, max_model_len=max_model_len,
+            max_num_seqs=EngineSettings.max_num_seqs, max_num_batched_tokens=2048,
+        )  # fmt: skip
+        block_bytes = 2 * layers * block_size * kv_heads * head_size * getattr(torch, dtype).itemsize
+        plan = plat.memory.plan_kv_cache(config, block_bytes, peak_activation_bytes=0)
+        needed = -(-max_model_len // block_size)
+        assert plan.num_blocks >= needed, (
+            f"memory profiler at the default settings: {plan.detail}, {plan.num_blocks * block_size} tokens, but one "
+            f"sequence of max_model_len={max_model_len} of the default model ({layers} layers, {kv_heads} KV heads "
+            f"of {head_size}, {dtype}) needs {needed} blocks: the engine would refuse to start"
+        )
+
+    def test_memory_profiler_honours_kv_cache_bytes(self, device_plat, monkeypatch) -> None:
+        """An explicit ``--kv-cache-memory`` (``config.kv_cache_bytes``) is the budget, whatever the device has."""
+        plat = self._default_platform(device_plat, monkeypatch)
+        for requested in (48 << 20, 80 << 20):
+            config = engine_config(device=plat.name, dtype=plat.supported_dtypes[0], kv_cache_bytes=requested)
+            budget, why = plat.memory.kv_cache_budget(config, 0)
+            assert budget == requested, (
+                f"memory profiler: --kv-cache-memory asked {requested} bytes (config.kv_cache_bytes) but "
+                f"kv_cache_budget returned {budget} ({why}): an explicit request must win"
+            )
 
     def test_memory_profiler(self, device_plat) -> None:
         from plugins.memory import KVCachePlan
