@@ -155,3 +155,7 @@ def test_devices_env_flags_an_invalid_value(site, monkeypatch, capsys):
     assert main(["devices", "--env", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["value"] == "8" and row["error"] is None
+    monkeypatch.delenv("CORE_FK_THREADS")
+    monkeypatch.setenv("VLLM_FK_THREADS", "6")  # vLLM's spelling: the table names it, not CORE_'s
+    assert main(["devices", "--env"]) == 0
+    assert "VLLM_FK_THREADS  6" in capsys.readouterr().out

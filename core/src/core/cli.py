@@ -86,7 +86,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                 [
                     [
                         r["plugin"],
-                        r["variable"],
+                        r["set_as"] or r["variable"],  # the spelling the value was read from (CORE_ or VLLM_)
                         "(unset)" if r["value"] is None else r["value"] + (" (INVALID)" if r["error"] else ""),
                         r["default"],
                         r["help"],

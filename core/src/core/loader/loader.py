@@ -169,7 +169,11 @@ def _load_gguf(
     path, config, index = source.path, source.hf_config, source.gguf
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
     if quantization is None and not keep_gguf:
-        logger.info("kernels take no GGUF weights: dequantizing %s to %s", path.name, dtype)
+        logger.info(
+            "kernels take no GGUF weights (their supported_quantizations has no 'gguf'): dequantizing %s to %s",
+            path.name,
+            dtype,
+        )
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
     model = build_model(config, kernels, dtype, device, comm)
     weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan, byte_order)
