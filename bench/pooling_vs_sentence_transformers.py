@@ -1,15 +1,17 @@
 """Embeddings per second: all-MiniLM-L6-v2 through core's offline API (``LLM.embed``) against
 sentence-transformers on the same CPU threads, 1,000 sentences of mixed length, in one invocation.
 
-    python bench/pooling_vs_sentence_transformers.py [--threads N] [--rounds 3] [--device auto] [--server]
+    python bench/pooling_vs_sentence_transformers.py [--threads N] [--rounds 3] [--device auto] [--server] [--llama-server]
 
 Both see the same sentences in the same order; each side runs ``--rounds`` timed passes after a
 warm-up, alternating (so a change in the machine's load hits both), and the best pass counts.
 sentence-transformers runs with ``torch.set_num_threads(N)`` at its default batch size (32,
 sorted by length); core runs with its platform's own threading on the same N CPUs. It prints
 the CPU (``lscpu``), the embeddings/s of each, their ratio and the lowest cosine between them.
-With ``--server`` it also times ``core serve``'s ``/v1/embeddings`` (requests of 32 sentences, 4 at
-a time) after the offline passes, in a server process on the same CPUs.
+With ``--server`` it also times ``core serve``'s ``/v1/embeddings`` and with ``--llama-server``
+llama.cpp's (the folder converted by llama.cpp's convert_hf_to_gguf.py to a float32 GGUF; the
+build of bench/llamacpp.py), both after the offline passes, on the same CPUs: requests of 32
+sentences, 4 at a time.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import concurrent.futures
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,51 +63,67 @@ def cpu_description() -> str:
     return f"{info.get('Model name', '?').strip()}; ISA: {' '.join(isa)}"
 
 
-def serve_rate(path: str, texts: list[str], device: str, dtype: str, rounds: int) -> float:
-    """Embeddings/s of ``core serve``'s /v1/embeddings: requests of 32 texts, 4 in flight, best of ``rounds``."""
+def server_rate(cmd: list[str], ready: str, texts: list[str], rounds: int) -> tuple[float, torch.Tensor]:
+    """Embeddings/s of a server's /v1/embeddings (started with ``cmd``, ready once its log matches
+    ``ready``, whose group is its URL): requests of 32 texts, 4 in flight, best of ``rounds``; and
+    the embeddings of the last pass."""
     import httpx
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "core.cli",
-        "serve",
-        path,
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-        "--port",
-        "0",
-        "--host",
-        "127.0.0.1",
-    ]
     env = {**os.environ, "TQDM_DISABLE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         for line in proc.stdout:
-            if match := re.search(r"ready: serving on (http://\S+)", line):
+            if match := re.search(ready, line):
                 url = match.group(1)
                 break
         else:
-            raise RuntimeError("core serve did not start")
+            raise RuntimeError(f"{cmd[0]} did not start")
         threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its log from filling the pipe
         chunks = [texts[i : i + 32] for i in range(0, len(texts), 32)]
         with httpx.Client(base_url=url, timeout=600) as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
 
-            def post(chunk: list[str]) -> None:
-                http.post("/v1/embeddings", json={"input": chunk}).raise_for_status()
+            def post(chunk: list[str]) -> list[list[float]]:
+                response = http.post("/v1/embeddings", json={"input": chunk})
+                response.raise_for_status()
+                return [item["embedding"] for item in sorted(response.json()["data"], key=lambda d: d["index"])]
 
             list(pool.map(post, chunks[:2]))
             best = float("inf")
             for _ in range(rounds):
                 start = time.perf_counter()
-                list(pool.map(post, chunks))
+                vectors = [v for part in pool.map(post, chunks) for v in part]
                 best = min(best, time.perf_counter() - start)
-        return len(texts) / best
+        return len(texts) / best, torch.tensor(vectors)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def core_serve_cmd(path: str, device: str, dtype: str) -> list[str]:
+    serve = [sys.executable, "-m", "core.cli", "serve", path, "--device", device, "--dtype", dtype]
+    return [*serve, "--port", "0", "--host", "127.0.0.1"]
+
+
+def llama_server_cmd(path: str, threads: int) -> list[str]:
+    """llama-server (the cached build of bench/llamacpp.py) with ``--embedding`` on the folder
+    converted to a float32 GGUF by llama.cpp's own convert_hf_to_gguf.py."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import llamacpp
+
+    server = llamacpp.ensure_llamacpp()["server"]
+    (convert,) = llamacpp.cache_dir().glob("src/*/vendor/llama.cpp/convert_hf_to_gguf.py")
+    gguf = Path(path).parent / "minilm-f32.gguf"
+    subprocess.run(
+        [sys.executable, str(convert), path, "--outfile", str(gguf), "--outtype", "f32"],
+        check=True,
+        capture_output=True,
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # 32 slots of 512 tokens: a request's 32 inputs share one batch
+    sizes = ["-c", "16384", "--parallel", "32", "-b", "4096", "-ub", "4096"]
+    return [str(server), "-m", str(gguf), "--embedding", "-t", str(threads), *sizes, "--port", str(port)]
 
 
 def main() -> None:
@@ -115,6 +135,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="core's compute dtype (sentence-transformers: float32)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--server", action="store_true", help="also time core serve's /v1/embeddings")
+    parser.add_argument("--llama-server", action="store_true", help="also time llama.cpp's llama-server --embedding")
     args = parser.parse_args()
 
     import all_minilm_l6_v2
@@ -167,9 +188,20 @@ def main() -> None:
     print(f"core / sentence-transformers: {rates['core'] / rates['sentence-transformers']:.2f}x")
     print(f"lowest cosine between them: {float((ours * ref.float()).sum(-1).min()):.6f}")
     llm.shutdown()
-    if args.server:
-        rate = serve_rate(path, texts, args.device, args.dtype, args.rounds)
-        print(f"core serve /v1/embeddings: {rate:7.1f} embeddings/s ({rate / rates['sentence-transformers']:.2f}x)")
+    servers = {
+        "core serve": (
+            args.server,
+            lambda: core_serve_cmd(path, args.device, args.dtype),
+            r"ready: serving on (http://\S+)",
+        ),
+        "llama-server": (args.llama_server, lambda: llama_server_cmd(path, args.threads), r"listening on (http://\S+)"),
+    }
+    for name, (wanted, cmd, ready) in servers.items():
+        if wanted:
+            rate, vectors = server_rate(cmd(), ready, texts, args.rounds)
+            cosine = float((vectors * ref.float()).sum(-1).min())
+            print(f"{name + ' /v1/embeddings':>30}: {rate:7.1f} embeddings/s "
+                  f"({rate / rates['sentence-transformers']:.2f}x sentence-transformers; lowest cosine {cosine:.6f})")  # fmt: skip
 
 
 if __name__ == "__main__":
