@@ -120,8 +120,8 @@ def test_acceptance_rate_is_logged_periodically(caplog, monkeypatch):
     spec = SpecDecoder(SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2}), 64)
     monkeypatch.setattr(decoder, "LOG_INTERVAL_S", 0.0)
     with caplog.at_level(logging.INFO, logger="core.spec_decode.decoder"):
-        spec.record(2, 1)
-        spec.record(2, 2)
+        spec.record(0, 2, 1)
+        spec.record(0, 2, 2)
     assert "1 of 2 draft tokens accepted (50.0%)" in caplog.text
     assert spec.stats() == {
         "num_drafts": 2,
@@ -129,3 +129,22 @@ def test_acceptance_rate_is_logged_periodically(caplog, monkeypatch):
         "num_accepted_tokens": 3,
         "num_accepted_tokens_per_pos": [2, 1],
     }
+
+
+def test_a_sequence_that_accepts_nothing_backs_off():
+    from core.sampling_params import SamplingParams
+    from core.spec_decode import SpecDecoder
+
+    spec = SpecDecoder(SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2}), 256)
+    seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5] * 4, SamplingParams(max_tokens=100), 0.0)
+    proposed = []
+    for _ in range(40):
+        drafts = spec.propose([seq])
+        proposed.append(bool(drafts))
+        if drafts:
+            spec.record(seq.seq_id, len(drafts[seq.seq_id]), 0)
+    # runs at steps 0, 3, 8, 17, 34: waits of 2, 4, 8, 16 steps between them
+    assert [i for i, p in enumerate(proposed) if p] == [0, 3, 8, 17, 34]
+    spec.record(seq.seq_id, 2, 1)  # one accepted draft ends the back-off
+    assert spec.propose([seq]) and spec.propose([seq])
+    assert spec.propose([]) == {} and not spec._waits and not spec._misses  # a finished sequence leaves nothing

@@ -280,7 +280,7 @@ class LLMEngine:
                 continue  # aborted after it was scheduled: it got no token
             accepted = num_accepted(sampled.token_ids[first:row], run)
             if run:
-                self.spec.record(len(run), accepted)
+                self.spec.record(c.seq.seq_id, len(run), accepted)
             for i in range(first, first + accepted + 1):
                 c.seq.append_token(sampled.token_ids[i])
                 status = self._record(state, c, sampled.token_ids[i], sampled, i)

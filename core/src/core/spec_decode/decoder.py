@@ -30,10 +30,17 @@ logger = logging.getLogger(__name__)
 
 #: seconds between two acceptance-rate log lines (while speculating)
 LOG_INTERVAL_S = 10.0
+#: most steps a sequence goes without drafts after runs that accepted none
+MAX_BACKOFF_STEPS = 32
 
 
 class SpecDecoder:
     """Proposes drafts for decoding sequences and counts how many the target accepts.
+
+    Speculation is skipped where it does not pay: after ``m`` runs in a row with no draft
+    accepted, a sequence proposes nothing for ``2 ** m`` steps (at most
+    :data:`MAX_BACKOFF_STEPS`), so text that never repeats itself is rarely verified at k + 1
+    positions; one accepted draft ends the back-off.
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
@@ -48,6 +55,8 @@ class SpecDecoder:
         self.num_accepted_per_pos = [0] * config.num_speculative_tokens
         self._last_log = time.monotonic()
         self._logged = (0, 0)  # (draft tokens, accepted) at the last log line
+        self._misses: dict[int, int] = {}  # seq_id -> runs in a row that accepted nothing
+        self._waits: dict[int, int] = {}  # seq_id -> steps left without drafts
 
     def propose(self, seqs: Iterable[Seq]) -> dict[int, list[int]]:
         """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
@@ -57,7 +66,15 @@ class SpecDecoder:
         """
         c = self.config
         drafts = {}
+        # only sequences still decoding keep their back-off (finished ones leave no entry behind)
+        (waits, self._waits), (misses, self._misses) = (self._waits, {}), (self._misses, {})
         for seq in seqs:
+            if seq.seq_id in misses:
+                self._misses[seq.seq_id] = misses[seq.seq_id]
+            wait = waits.get(seq.seq_id, 0)
+            if wait > 0:
+                self._waits[seq.seq_id] = wait - 1
+                continue
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
             k = min(c.num_speculative_tokens, room)
             if k > 0:
@@ -66,8 +83,14 @@ class SpecDecoder:
                     drafts[seq.seq_id] = proposal
         return drafts
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        """Count one verified run of ``num_drafts`` drafts, ``num_accepted`` of them accepted."""
+    def record(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
+        """Count one verified run of sequence ``seq_id``: ``num_drafts`` drafts, ``num_accepted`` of them accepted."""
+        if num_accepted:
+            self._misses.pop(seq_id, None)
+            self._waits.pop(seq_id, None)
+        else:
+            misses = self._misses[seq_id] = self._misses.get(seq_id, 0) + 1
+            self._waits[seq_id] = min(2**misses, MAX_BACKOFF_STEPS)
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
