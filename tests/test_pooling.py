@@ -160,6 +160,7 @@ def test_random_cross_encoder_scores_like_transformers(minilm_dir, tmp_path):
         llm.shutdown()
 
 
+@pytest.mark.slow
 def test_default_gguf_as_an_embedding_model():
     """``runner="pooling"`` on the default decoder: transformers' normalized last-token hidden state."""
     import transformers
