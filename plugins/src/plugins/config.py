@@ -44,7 +44,7 @@ KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
 #: checkpoint's ``quantization_config`` must have
 QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
 EXECUTOR_BACKENDS = ("mp", "ray")
-#: grammar libraries of structured outputs (``auto``: xgrammar when installed, else llguidance)
+#: grammar libraries of structured outputs (``auto``: llguidance)
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
 #: how thinking models mark their reasoning (``core.structured.reasoning``)
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
@@ -167,7 +167,8 @@ class EngineSettings:
     )
     structured_outputs_backend: str = setting(
         "auto",
-        "grammar library of structured outputs: xgrammar, guidance (llguidance), or auto (xgrammar when installed)",
+        "grammar library of structured outputs: guidance (llguidance), xgrammar (pip install xgrammar), "
+        "or auto (guidance)",
         choices=STRUCTURED_OUTPUTS_BACKENDS,
     )
     reasoning_parser: str | None = setting(
