@@ -58,20 +58,22 @@ def constrained(schema: dict, max_tokens: int = MAX_TOKENS) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=spec)
 
 
-def throughput(llm: LLM, cases: list[dict]) -> dict:
-    """Part 1: constrained against unconstrained at the same token counts."""
+def throughput(llm: LLM, cases: list[dict], rounds: int = 3) -> dict:
+    """Part 1: constrained against unconstrained at the same token counts, ``rounds`` times
+    alternating (a noisy spell hits both sides); medians."""
     prompts = [chat_prompt(llm, c["prompt"]) for c in cases]
-    llm.generate(prompts, [constrained(c["schema"]) for c in cases], use_tqdm=False)  # compiles, warms up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, [constrained(c["schema"]) for c in cases], use_tqdm=False)
-    constrained_s = time.perf_counter() - start
+    outs = llm.generate(prompts, [constrained(c["schema"]) for c in cases], use_tqdm=False)  # compiles, warms up
     lengths = [len(o.outputs[0].token_ids) for o in outs]
     free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    start = time.perf_counter()
-    free_outs = llm.generate(prompts, free, use_tqdm=False)
-    free_s = time.perf_counter() - start
-    assert [len(o.outputs[0].token_ids) for o in free_outs] == lengths
+    times: dict[str, list[float]] = {"constrained": [], "unconstrained": []}
+    for _ in range(rounds):
+        for side, params in (("constrained", [constrained(c["schema"]) for c in cases]), ("unconstrained", free)):
+            start = time.perf_counter()
+            got = llm.generate(prompts, params, use_tqdm=False)
+            times[side].append(time.perf_counter() - start)
+            assert [len(o.outputs[0].token_ids) for o in got] == lengths
     tokens = sum(lengths)
+    constrained_s, free_s = statistics.median(times["constrained"]), statistics.median(times["unconstrained"])
     return {
         "streams": len(cases),
         "output_tokens": tokens,
