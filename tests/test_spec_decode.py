@@ -183,3 +183,22 @@ def test_gemma3_sliding_window_past_the_window(tmp_path):
     got = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
     assert _tokens(got) == _tokens(want)
     assert llm.engine.spec.stats()["num_accepted_tokens"] > 10
+
+
+def test_a_bad_config_stops_serve_with_one_line():
+    import subprocess
+    import sys
+
+    for config, message in (
+        ('{"method": "eagle", "num_speculative_tokens": 2}', "method must be one of ngram, got 'eagle'"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1, got 0"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "core.cli", "serve", "--port", "0", "--speculative-config", config],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == f"error: speculative_config: {message}"
