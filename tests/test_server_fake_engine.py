@@ -46,7 +46,7 @@ class FakeEngine:
 
     def __init__(self, step_seconds: float = 0.002) -> None:
         self.tokenizer = CharTokenizer()
-        self.config = SimpleNamespace(max_model_len=64)
+        self.config = SimpleNamespace(max_model_len=64, runner="generate")
         self.platform = SimpleNamespace(place_frontend_thread=lambda: None)
         self.loaded = SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB), name="fake")
         self.requests: dict[str, dict] = {}
@@ -54,7 +54,16 @@ class FakeEngine:
         self.step_seconds = step_seconds
         self.num_finished = 0
 
-    def add_request(self, request_id, prompt=None, params=None, prompt_token_ids=None, arrival_time=None, priority=0):
+    def add_request(
+        self,
+        request_id,
+        prompt=None,
+        params=None,
+        prompt_token_ids=None,
+        arrival_time=None,
+        priority=0,
+        lora_request=None,
+    ):
         if any(t >= VOCAB for t in prompt_token_ids):
             raise ValueError("token id outside the vocabulary")
         self.arrivals[request_id] = (arrival_time, time.time())
