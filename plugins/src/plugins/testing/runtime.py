@@ -32,11 +32,22 @@ class RuntimeChecks(ConformanceBase):
     """The memory profiler, the runner (padded equals eager), the communicator and greedy generation."""
 
     def _default_platform(self, device_plat, monkeypatch) -> Any:
-        """A fresh platform with none of its variables set (the default settings)."""
-        for var in device_plat.env_vars:
+        """A fresh platform with none of its variables set (the default settings), or, when a
+        variable is what makes the platform available on this machine at all (tpu's
+        ``TPU_ALLOW_CPU`` on XLA:CPU), the platform as the tests run it."""
+        if not isinstance(self.platform, type):
+            return device_plat
+        with monkeypatch.context() as probe:
+            for var in device_plat.env_vars:
+                probe.delenv(var.env_name, raising=False)
+                probe.delenv(var.fallback_name, raising=False)
+            available = type(device_plat)().is_available()
+        if not available:
+            return device_plat
+        for var in device_plat.env_vars:  # unset until the test ends
             monkeypatch.delenv(var.env_name, raising=False)
             monkeypatch.delenv(var.fallback_name, raising=False)
-        return type(device_plat)() if isinstance(self.platform, type) else device_plat
+        return type(device_plat)()
 
     def test_memory_budget_holds_one_max_model_len_sequence(self, device_plat, monkeypatch) -> None:
         """At the default settings (no variable, no ``--kv-cache-memory``, ``--dtype auto``) the KV
