@@ -1,6 +1,8 @@
 // Row-wise kernels: RMSNorm (plain and fused with the residual add), rotary
 // embedding (NeoX rotate-half), SiLU-and-mul and the KV-cache write.
 // Inputs in fp32 or bf16 are widened to fp32 in registers; outputs are rounded once.
+#include <algorithm>
+#include <limits>
 #include "common.h"
 
 namespace CK_NS {
@@ -151,6 +153,24 @@ long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
     memcpy((char *)v_cache + s * row_bytes, (const char *)v + t * v_stride_bytes, row_bytes);
   }
   return bad;
+}
+
+// Structured outputs: logits[rows[j] * stride + t] = -inf where bit t % 32 of word t / 32 of
+// bitmask row j is 0 (t < vocab); allowed logits and other rows are left as they are.
+void CK_FN(apply_token_bitmask)(float *logits, long stride, const uint32_t *bitmask, long words,
+                                  const int64_t *rows, long num_rows, long vocab) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (long j = 0; j < num_rows; ++j) {
+    float *row = logits + rows[j] * stride;
+    const uint32_t *mask = bitmask + j * words;
+    for (long w = 0; w < words; ++w) {
+      uint32_t m = mask[w];
+      if (m == 0xFFFFFFFFu) continue;
+      long base = w * 32, end = std::min(base + 32, vocab);
+      for (long t = base; t < end; ++t)
+        if (!((m >> (t - base)) & 1u)) row[t] = neg_inf;
+    }
+  }
 }
 
 }  // extern "C"

@@ -14,6 +14,8 @@ void CK_FN(rotary)(int dtype, int cache_dtype, void *out, const void *x, long ro
                      int nthreads);
 void CK_FN(silu_and_mul)(int dtype, void *out, const void *x, long x_stride, long rows,
                            long inter, int nthreads);
+void CK_FN(apply_token_bitmask)(float *logits, long stride, const uint32_t *bitmask, long words,
+                                  const int64_t *rows, long num_rows, long vocab);
 long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
                              long v_stride_bytes, void *k_cache, void *v_cache,
                              const int64_t *slots, long tokens, long row_bytes, long num_slots);

@@ -73,6 +73,7 @@ _SIGNATURES = {
     "silu_and_mul": (None, [c_int, _P, _P, c_long, c_long, c_long, c_int]),
     # k, k_stride_bytes, v, v_stride_bytes, k_cache, v_cache, slots, tokens, row_bytes, num_slots
     "write_kv_cache": (c_long, [_P, c_long, _P, c_long, _P, _P, _P, c_long, c_long, c_long]),
+    "apply_token_bitmask": (None, [_P, c_long, _P, c_long, _P, c_long, c_long]),
     # dtype, cache_dtype, k, k_stride, v, v_stride, k_cache, v_cache, slots, tokens, row,
     # num_slots, k_scale, v_scale (strides and row in elements; native/src/attention.cpp)
     "write_kv_cache_cast": (
