@@ -216,22 +216,7 @@ class LLMEngine:
             return []
         self._mark_scheduled(sched.scheduled)
         logits = self.executor.execute(sched.scheduled)
-        if drafts:
-            return self._step_speculative(sched, logits)
-        entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
-        sampled = self._sample(logits.sample_logits, entries)
-        token_ids = dict(zip(logits.sample_seq_ids, sampled.token_ids, strict=True)) if sampled else {}
-        self.scheduler.update(sched, token_ids)
-        for seq_id, (first_pos, rows) in logits.prompt_logits.items():
-            state, c = self._by_seq[seq_id]
-            state.record_prompt_logprobs(c, first_pos, rows)
-        for row, (state, c) in enumerate(entries):
-            if c.seq.is_finished:
-                continue  # aborted after it was scheduled: it got no token
-            status = self._record(state, c, token_ids[c.seq.seq_id], sampled, row)
-            if status is not None:
-                self.scheduler.finish(c.seq, status)
-        return self._outputs({state.request_id: state for state, _ in entries})
+        return self._finish_step(sched, logits)
 
     def _record(
         self, state: RequestState, c: Completion, token_id: int, sampled: SamplerOutput, row: int
@@ -261,9 +246,10 @@ class LLMEngine:
                 seqs.append(seq)
         return self.spec.propose(seqs)
 
-    def _step_speculative(self, sched: SchedulerOutput, logits: StepLogits) -> list[RequestOutput]:
-        """Verify a step with drafts: each sequence keeps its accepted drafts and one token more
-        (recorded one by one, so a stop or max_tokens inside a run drops what follows)."""
+    def _finish_step(self, sched: SchedulerOutput, logits: StepLogits) -> list[RequestOutput]:
+        """Sample the step's rows and record them: each sequence keeps its accepted drafts (if it
+        speculated) and one token more, recorded one by one, so a stop or max_tokens inside a
+        run drops what follows."""
         drafts = {item.seq.seq_id: item.draft_token_ids for item in sched.scheduled if item.draft_token_ids}
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
         runs = [drafts.get(c.seq.seq_id, []) for _, c in entries]

@@ -193,17 +193,13 @@ class Scheduler:
         advanced: list[Sequence] = []
         for item in output.scheduled:
             seq = item.seq
-            if seq.is_finished:  # aborted after it was scheduled
+            if seq.is_finished or not item.needs_sample:  # aborted after it was scheduled; a prompt chunk
                 continue
-            seq.num_computed_tokens = item.start_pos + item.num_new_tokens
-            if item.needs_sample:
-                if seq.seq_id not in sampled:
-                    raise KeyError(f"No sampled token for sequence {seq.seq_id} (request {seq.request_id!r})")
-                seq.append_token(sampled[seq.seq_id])
-                advanced.append(seq)
-            self.block_manager.cache_blocks(seq)
-            if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
-                self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
+            if seq.seq_id not in sampled:
+                raise KeyError(f"No sampled token for sequence {seq.seq_id} (request {seq.request_id!r})")
+            seq.append_token(sampled[seq.seq_id])
+            advanced.append(seq)
+        self.advance(output)
         return advanced
 
     def advance(self, output: SchedulerOutput) -> None:
@@ -219,7 +215,7 @@ class Scheduler:
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1 if item.needs_sample else item.start_pos + item.num_new_tokens
             self.block_manager.cache_blocks(seq)  # computed positions only: never a rejected draft's
-            if self.kv_window is not None:
+            if self.kv_window is not None:  # the next query, at num_computed_tokens, sees keys from here on
                 self.block_manager.free_before(seq, seq.num_computed_tokens - self.kv_window + 1)
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
@@ -251,7 +247,7 @@ class Scheduler:
 
     def _schedule_running(self, budget: int, out: SchedulerOutput, drafts: dict[int, list[int]] | None) -> int:
         """Schedule running sequences, decodes first, preempting from the back; returns the budget left."""
-        decoding = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens == 1]
+        decoding = self.decoding()
         prefilling = [seq for seq in self._running if seq.num_tokens - seq.num_computed_tokens > 1]
         scheduled: set[int] = set()
         for seq in (*decoding, *prefilling):
