@@ -20,6 +20,7 @@ class ToolMode:
     choice: Any = "none"
     constraint: StructuredOutputsParams | None = None
     parser: ToolParser | None = None
+    named: str | None = None  # the function a named choice calls (its arguments are the whole answer)
 
     @classmethod
     def of(
@@ -47,7 +48,7 @@ class ToolMode:
             constraint = tool_constraint(functions, choice, parallel)
         except ValueError as exc:
             raise bad_request(str(exc), "tool_choice") from None
-        return cls(functions, choice, constraint, parser if choice == "auto" else None)
+        return cls(functions, choice, constraint, parser if choice == "auto" else None, named)
 
     def split(self, text: str, finish_reason: str | None) -> tuple[str | None, list[ToolCall], str | None]:
         """``(content, calls, finish_reason)`` of a whole answer; ``tool_calls`` when it made calls."""
@@ -72,7 +73,7 @@ class ToolStream:
     def advance(self, text: str, finish_reason: str | None) -> tuple[str, list[dict[str, Any]], str | None]:
         """``(content delta, tool_calls deltas, finish_reason)`` for the answer so far."""
         mode = self.mode
-        named = named_choice(mode.choice) if mode.constraint is not None else None
+        named = mode.named
         if named is not None:  # the whole answer is the arguments: stream them as they come
             calls = []
             if self.num_arguments == 0 and text:

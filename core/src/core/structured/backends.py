@@ -65,23 +65,16 @@ def _choice_lark(choices: tuple[str, ...]) -> str:
     return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+class _Matcher:
+    """A library's matcher behind :class:`Matcher`'s three calls (bound once: they run every step)."""
+
+    def __init__(self, fill: Any, accept: Any, is_terminated: Any) -> None:
+        self.fill_bitmask = fill
+        self.accept = accept
+        self.is_terminated = is_terminated
+
+
 # -- llguidance ------------------------------------------------------------------------------
-class _GuidanceMatcher:
-    def __init__(self, matcher: Any) -> None:
-        self._matcher = matcher
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        from llguidance.torch import fill_next_token_bitmask
-
-        fill_next_token_bitmask(self._matcher, bitmask, row)
-
-    def accept(self, token_id: int) -> bool:
-        return self._matcher.consume_token(token_id)
-
-    def is_terminated(self) -> bool:
-        return self._matcher.is_stopped()
-
-
 class GuidanceBackend:
     """llguidance: JSON schema, regex, choice, Lark and GBNF grammars."""
 
@@ -122,11 +115,16 @@ class GuidanceBackend:
 
     def matcher(self, grammar: str) -> Matcher:
         from llguidance import LLMatcher
+        from llguidance.torch import fill_next_token_bitmask
 
         matcher = LLMatcher(self._tokenizer, grammar)
         if matcher.is_error():
             raise ValueError(f"structured outputs: {matcher.get_error()}")
-        return _GuidanceMatcher(matcher)
+        return _Matcher(
+            lambda bitmask, row: fill_next_token_bitmask(matcher, bitmask, row),
+            matcher.consume_token,
+            matcher.is_stopped,
+        )
 
 
 # -- xgrammar --------------------------------------------------------------------------------
@@ -169,20 +167,6 @@ def check_xgrammar_schema(schema: Any, path: str = "#") -> None:
             check_xgrammar_schema(sub, f"{path}/{key}/{i}")
     for key in _SCHEMA_VALUES:
         check_xgrammar_schema(schema.get(key), f"{path}/{key}")
-
-
-class _XGrammarMatcher:
-    def __init__(self, matcher: Any) -> None:
-        self._matcher = matcher
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._matcher.fill_next_token_bitmask(bitmask, row)
-
-    def accept(self, token_id: int) -> bool:
-        return self._matcher.accept_token(token_id)
-
-    def is_terminated(self) -> bool:
-        return self._matcher.is_terminated()
 
 
 class XGrammarBackend:
@@ -235,4 +219,5 @@ class XGrammarBackend:
     def matcher(self, grammar: Any) -> Matcher:
         import xgrammar
 
-        return _XGrammarMatcher(xgrammar.GrammarMatcher(grammar))
+        matcher = xgrammar.GrammarMatcher(grammar)
+        return _Matcher(matcher.fill_next_token_bitmask, matcher.accept_token, matcher.is_terminated)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -71,9 +72,12 @@ class StructuredOutputs:
         matcher = self._get_backend().matcher(self.compile(spec))
         if self.reasoning is None:
             return matcher
-        encode = self.tokenizer.encode
-        start, end = (encode(tag, add_special_tokens=False) for tag in (START, END))
-        return ReasoningGate(matcher, self.reasoning, start, end)
+        return ReasoningGate(matcher, self.reasoning, *self._reasoning_tags)
+
+    @functools.cached_property
+    def _reasoning_tags(self) -> tuple[list[int], list[int]]:
+        """The token ids of ``<think>`` and ``</think>``, tokenized once."""
+        return tuple(self.tokenizer.encode(tag, add_special_tokens=False) for tag in (START, END))
 
     def bitmask(self, matchers: Sequence[Matcher | None]) -> tuple[torch.Tensor, list[int]] | None:
         """The packed int32 bitmask [R, ceil(V / 32)] of the R rows that have a matcher, and those rows; None if none."""
