@@ -57,14 +57,11 @@ class Ticket:
 
     frontend: Frontend
     is_queued: bool = True
-    replica: int | None = None  # where it was routed, once it was
 
     def release(self) -> None:
         if self.is_queued:
             self.is_queued = False
             self.frontend.num_queued -= 1
-            if self.replica is not None:
-                self.frontend.queued[self.replica] -= 1
 
 
 class TrackedStream:
@@ -145,7 +142,6 @@ class Frontend:
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
-        self.queued = [0] * len(self.replicas)  # of those, routed to each replica
         self.pending = [0] * len(self.replicas)  # routed to each replica, not yet taken in by its engine
         self.in_flight = [0] * len(self.replicas)  # requests routed to each replica and not finished
         self.metrics = ServerMetrics(self.stats, model_name)
@@ -444,8 +440,6 @@ class Frontend:
         lora: LoRARequest | None,
     ) -> TrackedStream:  # fmt: skip
         replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
-        ticket.replica = replica
-        self.queued[replica] += 1
         self.pending[replica] += 1
         try:
             if params.structured_outputs is not None:
