@@ -1,8 +1,6 @@
 // Row-wise kernels: RMSNorm (plain and fused with the residual add), rotary
 // embedding (NeoX rotate-half), SiLU-and-mul and the KV-cache write.
 // Inputs in fp32 or bf16 are widened to fp32 in registers; outputs are rounded once.
-#include <algorithm>
-#include <limits>
 #include "common.h"
 
 namespace CK_NS {
@@ -159,14 +157,14 @@ long CK_FN(write_kv_cache)(const void *k, long k_stride_bytes, const void *v,
 // bitmask row j is 0 (t < vocab); allowed logits and other rows are left as they are.
 void CK_FN(apply_token_bitmask)(float *logits, long stride, const uint32_t *bitmask, long words,
                                   const int64_t *rows, long num_rows, long vocab) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const float neg_inf = -__builtin_inff();
   for (long j = 0; j < num_rows; ++j) {
     float *row = logits + rows[j] * stride;
     const uint32_t *mask = bitmask + j * words;
     for (long w = 0; w < words; ++w) {
       uint32_t m = mask[w];
       if (m == 0xFFFFFFFFu) continue;
-      long base = w * 32, end = std::min(base + 32, vocab);
+      const long base = w * 32, end = base + 32 < vocab ? base + 32 : vocab;
       for (long t = base; t < end; ++t)
         if (!((m >> (t - base)) & 1u)) row[t] = neg_inf;
     }
