@@ -164,6 +164,7 @@ class FusedDecoder:
         meta = inputs.attn_metadata
         return (
             inputs.num_tokens > 0
+            and inputs.lora is None  # the native decoder adds no LoRA deltas
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
             and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
@@ -198,7 +199,6 @@ class NativeCpuRunner(Runner):
     def __init__(self, platform: Any) -> None:
         super().__init__(platform)
         self.fused: FusedDecoder | None = None
-        self._logged_lora = False
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         super().prepare(model, kv_caches, config)
@@ -217,15 +217,14 @@ class NativeCpuRunner(Runner):
             logger.info("%s runner: eager, the native decoder does not run this model: %s", self.platform.name, exc)
             return
         logger.info("%s runner: each step as one native call", self.platform.name)
+        if config is not None and config.enable_lora:
+            logger.info(
+                "%s runner: steps with LoRA adapter rows run eagerly (the native decoder has no LoRA products)",
+                self.platform.name,
+            )
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
-        if fused is not None and inputs.lora is not None:  # the native decoder adds no LoRA deltas
-            if not self._logged_lora:
-                logger.info("%s runner: steps with LoRA adapter rows run eagerly (the native decoder "
-                            "has no LoRA products); steps without run natively", self.platform.name)  # fmt: skip
-                self._logged_lora = True
-            return super().forward(inputs)
         if fused is not None and fused.can_run(inputs):
             return fused(inputs)
         return super().forward(inputs)
