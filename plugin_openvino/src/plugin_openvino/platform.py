@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from plugins.config import EngineConfigView
-from plugins.cpu import CPU_ENV_VARS, CpuMemoryProfiler, CpuPlatform
+from plugins.cpu import CPU_ENV_VARS, CpuMemoryProfiler, CpuPlatform, non_negative
 from plugins.env import EnvVar
-from plugins.memory import GiB
+from plugins.host import process_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +28,11 @@ _KV_PRECISIONS = {"": None, "f32": "float32", "bf16": "bfloat16", "f16": "float1
 _INFERENCE_PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
 
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
 OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("OPENVINO_DEVICE", str, "CPU", "the OpenVINO device that runs the model", choices=("CPU", "GPU")),
     EnvVar(
         "OPENVINO_KVCACHE_SPACE",
-        _non_negative_float,
+        non_negative(float),
         0.0,
         "KV cache size in GiB; when set it wins over CPU_KVCACHE_SPACE and the engine's kv_cache_bytes",
     ),
@@ -63,17 +55,7 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
 class OpenVinoMemoryProfiler(CpuMemoryProfiler):
     """The CPU family's KV budget, with ``OPENVINO_KVCACHE_SPACE`` first when set (> 0)."""
 
-    def kv_cache_budget(self, config: EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
-        space = self.platform.env["OPENVINO_KVCACHE_SPACE"]
-        if space <= 0:
-            return super().kv_cache_budget(config, peak_activation_bytes)
-        free = self.free_memory() - peak_activation_bytes
-        if space * GiB > free:
-            raise ValueError(
-                f"OPENVINO_KVCACHE_SPACE={space} GiB exceeds the {free / GiB:.1f} GiB of memory free "
-                "after the weights; lower it"
-            )
-        return int(space * GiB), f"OPENVINO_KVCACHE_SPACE={space} GiB"
+    space_vars = ("OPENVINO_KVCACHE_SPACE", "CPU_KVCACHE_SPACE")
 
 
 class OpenVinoPlatform(CpuPlatform):
@@ -87,9 +69,10 @@ class OpenVinoPlatform(CpuPlatform):
     supported_kv_cache_dtypes = ("bfloat16", "float16")
     env_vars = CPU_ENV_VARS + OPENVINO_ENV_VARS
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.num_threads = len(os.sched_getaffinity(0))
+    @property
+    def num_threads(self) -> int:
+        """The threads OpenVINO runs: the bound compute CPUs, or every CPU the process may use."""
+        return len(self.compute_cpus if self.compute_cpus is not None else process_cpus())
 
     def unavailable_reason(self) -> str | None:
         try:
@@ -134,8 +117,6 @@ class OpenVinoPlatform(CpuPlatform):
             overrides["kv_cache_dtype"] = "auto"
         elif kv_dtype is not None:
             overrides["kv_cache_dtype"] = kv_dtype
-        elif config.kv_cache_dtype not in ("auto", *self.supported_kv_cache_dtypes):
-            raise ValueError(f"openvino keeps no {config.kv_cache_dtype} KV cache; choose auto, bfloat16 or float16")
         return overrides
 
     def compile_properties(self, dtype: Any, kv_type: str) -> dict[str, Any]:
@@ -154,7 +135,6 @@ class OpenVinoPlatform(CpuPlatform):
 
     def bind_compute_threads(self, cpus: list[int]) -> str:
         super().bind_compute_threads(cpus)
-        self.num_threads = len(cpus)
         return f"; OpenVINO runs {len(cpus)} threads"
 
     def make_kernels(self):

@@ -22,7 +22,7 @@ from plugins.config import EngineConfigView
 from plugins.runner import ModelInputs, Runner
 
 from plugin_openvino.graph import GraphBuilder, NotBuildable
-from plugin_openvino.weights import ov_tensor
+from plugin_openvino.weights import OV_TYPES, ov_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +57,15 @@ class OpenVinoRunner(Runner):
 
         plat = self.platform
         cache_dtype = desc.layers[0].k_cache.dtype
-        kv_types = {torch.float32: ov.Type.f32, torch.bfloat16: ov.Type.bf16, torch.float16: ov.Type.f16}
-        if cache_dtype not in kv_types:
+        if cache_dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise NotBuildable(f"KV cache dtype {cache_dtype}")
-        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_types[cache_dtype])
+        kv_type = OV_TYPES[cache_dtype]()
+        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type)
         graph = builder.build()
         compiled = ov.Core().compile_model(
             graph,
             plat.env["OPENVINO_DEVICE"],
-            plat.compile_properties(desc.dtype, kv_types[cache_dtype].get_type_name()),
+            plat.compile_properties(desc.dtype, kv_type.get_type_name()),
         )
         request = compiled.create_infer_request()
         keep: list[Any] = [desc, builder.keep]
@@ -73,7 +73,7 @@ class OpenVinoRunner(Runner):
             for name, cache in ((f"key_cache.{i}", layer.k_cache), (f"value_cache.{i}", layer.v_cache)):
                 port = compiled.input(name)
                 shape = self._cache_shape(port, cache)
-                request.set_tensor(port, ov_tensor(cache, kv_types[cache_dtype], shape))
+                request.set_tensor(port, ov_tensor(cache, kv_type, shape))
                 keep.append(cache)
         self._compiled, self.request, self._keep = compiled, request, keep
         self._embedding = desc.embedding if desc.tie_word_embeddings else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from plugins.config import EngineConfigView
 from plugins.env import EnvVar
@@ -56,7 +56,9 @@ def threads_bind(text: str) -> str:
     return value
 
 
-def _non_negative(parse):
+def non_negative(parse):
+    """An environment variable's parser: ``parse``, then ValueError below 0."""
+
     def check(text: str):
         value = parse(text)
         if value < 0:
@@ -71,7 +73,7 @@ def _non_negative(parse):
 CPU_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "CPU_KVCACHE_SPACE",
-        _non_negative(float),
+        non_negative(float),
         0.0,
         "KV cache size in GiB; when set it wins over the engine's kv_cache_bytes "
         f"(0: that setting, else min({AUTO_KV_CAP // GiB} GiB, {AUTO_KV_FRACTION:.0%} of free memory))",
@@ -83,7 +85,7 @@ CPU_ENV_VARS: tuple[EnvVar, ...] = (
         "CPUs for the compute threads: auto (the physical cores of one NUMA node per rank), all, "
         "nobind, or one list per rank like 0-31|32-63",
     ),
-    EnvVar("CPU_NUM_OF_RESERVED_CPU", _non_negative(int), 0, "cores kept free for the front end (auto binding)"),
+    EnvVar("CPU_NUM_OF_RESERVED_CPU", non_negative(int), 0, "cores kept free for the front end (auto binding)"),
 )
 
 
@@ -173,18 +175,19 @@ class CpuMemoryProfiler(MemoryProfiler):
     """
 
     needs_profile_run = False
+    #: the variables (GiB) that set the budget, first set (> 0) wins; a backend puts its own first
+    space_vars: ClassVar[tuple[str, ...]] = ("CPU_KVCACHE_SPACE",)
 
     def kv_cache_budget(self, config: EngineConfigView, peak_activation_bytes: int) -> tuple[int, str]:
-        space = self.platform.env["CPU_KVCACHE_SPACE"]
+        name, space = next(((n, self.platform.env[n]) for n in self.space_vars if self.platform.env[n] > 0), ("", 0))
         free = self.free_memory() - peak_activation_bytes
         if space > 0:
             budget = int(space * GiB)
             if budget > free:
                 raise ValueError(
-                    f"CPU_KVCACHE_SPACE={space} GiB exceeds the {free / GiB:.1f} GiB of memory free "
-                    "after the weights; lower it"
+                    f"{name}={space} GiB exceeds the {free / GiB:.1f} GiB of memory free after the weights; lower it"
                 )
-            why = f"CPU_KVCACHE_SPACE={space} GiB"
+            why = f"{name}={space} GiB"
         elif config.kv_cache_bytes:
             budget = int(config.kv_cache_bytes)
             why = f"{budget / GiB:.2f} GiB requested by the engine config"
