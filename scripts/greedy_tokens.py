@@ -43,7 +43,7 @@ def generate(prompts: list, device: str, **engine_kwargs) -> dict:
     outs = llm.generate(**{key: prompts}, sampling_params=params, use_tqdm=False)
     return {
         "device": device,
-        "kernel_isa": getattr(llm.engine.platform.kernels, "isa", None),
+        "kernel_isa": llm.engine.platform.get_extension("kernel_isa"),
         "tokens": [list(out.outputs[0].token_ids) for out in outs],
         "seconds": round(time.perf_counter() - start, 1),
     }
