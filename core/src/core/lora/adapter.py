@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from core.lora.request import LoRARequest
+from core.lora.stacks import MODULE_PARTS
 
 #: the projections an adapter may adapt (Hugging Face names of the Llama family)
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGET_MODULES = tuple(MODULE_PARTS)
 _KEY = re.compile(
     r"(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+?)\.lora_([AB])(?:\.\w+)?\.weight"
 )
@@ -47,10 +48,6 @@ class LoRAAdapter:
     request: LoRARequest
     rank: int
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
 def read_config(request: LoRARequest, max_rank: int) -> tuple[int, float]:

@@ -26,14 +26,10 @@ Grouped = dict[tuple[int, str], dict[int, tuple[torch.Tensor, torch.Tensor]]]
 
 class LoRAManager:
     """Adapters for ``model``: ``max_loras`` slots in every adapted linear, up to ``max_cpu_loras``
-    adapters kept loaded (on the host), each of rank ``max_lora_rank`` at most."""
+    adapters kept loaded (on the host), each of rank ``max_lora_rank`` at most (the settings are
+    checked when the engine's config is resolved)."""
 
     def __init__(self, model: Any, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
-        if max_loras < 1 or max_lora_rank < 1 or max_cpu_loras < max_loras:
-            raise ValueError(
-                f"LoRA needs max_loras >= 1, max_lora_rank >= 1 and max_cpu_loras >= max_loras; got "
-                f"{max_loras}, {max_lora_rank} and {max_cpu_loras}"
-            )
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
         self.num_layers = model.num_layers
