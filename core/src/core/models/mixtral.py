@@ -7,8 +7,7 @@ import re
 from torch import nn
 
 from core.models.mistral import MistralForCausalLM
-from core.models.moe import SparseMoE
-from core.models.qwen3 import expert_size
+from core.models.moe import SparseMoE, expert_size
 
 # Mixtral's checkpoint names -> the names the MoE layer takes (Qwen3-MoE's)
 _RENAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}

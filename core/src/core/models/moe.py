@@ -16,7 +16,7 @@ from plugins.kernels import GGUFWeight, Kernels
 from plugins.moe import ExpertWeights
 from torch import nn
 
-from core.models.layers import Linear
+from core.models.layers import Linear, concat_rows
 from core.partition.tensor_parallel import TensorParallel
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -34,14 +34,21 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
+def expert_size(config: Any, size: int, world_size: int) -> int:
+    """This rank's part of each expert's intermediate ``size`` (experts are split along it; the
+    shard plan has checked that it divides)."""
+    if config.hidden_act != "silu":
+        raise ValueError(f"unsupported expert activation {config.hidden_act!r}; supported: silu")
+    return size // world_size
+
+
 def _stack(parts: list[Any]) -> Any:
     """Experts' matrices ``[rows, cols]`` (dense or GGUF) stacked in order: ``[E, rows, cols]``,
-    or one GGUF weight of ``E * rows`` rows."""
+    or one GGUF weight of ``E * rows`` rows (:func:`~core.models.layers.concat_rows`)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.stack(parts)
-    if all(isinstance(p, GGUFWeight) for p in parts) and len({(p.qtype, p.rows, p.cols) for p in parts}) == 1:
-        data = torch.cat([p.data for p in parts])
-        return GGUFWeight(parts[0].qtype, data, data.shape[0], parts[0].cols)
+    if all(isinstance(p, GGUFWeight) for p in parts):
+        return concat_rows(parts)
     raise ValueError(f"cannot stack expert weights of different kinds: {sorted({type(p).__name__ for p in parts})}")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from core.models.llama import LlamaForCausalLM
-from core.models.moe import SparseMoE
+from core.models.moe import SparseMoE, expert_size
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
@@ -21,18 +21,6 @@ def is_sparse_layer(config: Any, index: int) -> bool:
     """Whether Qwen3-MoE layer ``index`` is a mixture of experts (else a dense MLP), as transformers decides."""
     step = config.decoder_sparse_step
     return index not in (config.mlp_only_layers or []) and config.num_experts > 0 and (index + 1) % step == 0
-
-
-def expert_size(config: Any, size: int, world_size: int) -> int:
-    """This rank's part of each expert's intermediate ``size`` (experts are split along it).
-
-    :raises ValueError: when ``size`` does not split evenly over ``world_size`` ranks.
-    """
-    if size % world_size:
-        raise ValueError(f"the experts' intermediate size {size} is not divisible by tensor_parallel_size={world_size}")
-    if config.hidden_act != "silu":
-        raise ValueError(f"unsupported expert activation {config.hidden_act!r}; supported: silu")
-    return size // world_size
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
