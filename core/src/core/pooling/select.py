@@ -10,7 +10,6 @@ from typing import Any
 from core.config import EngineConfig
 from core.engine import LLMEngine
 from core.loader import resolve_model
-from core.models.bert import BertModel
 from core.models.registry import MODEL_REGISTRY
 from core.pooling.engine import PoolingEngine
 
@@ -26,7 +25,7 @@ def choose_runner(runner: str, model: str | None) -> str:
     architectures = []
     if path.is_dir() and (path / "config.json").exists():
         architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
-    is_encoder = any(issubclass(MODEL_REGISTRY.get(name, object), BertModel) for name in architectures)
+    is_encoder = any(getattr(MODEL_REGISTRY.get(name), "is_pooling_model", False) for name in architectures)
     if runner == "auto":
         chosen = "pooling" if is_encoder else "generate"
         logger.info("runner %s: %s", chosen, f"{architectures[0]} is an encoder" if is_encoder else "a decoder")
