@@ -30,34 +30,6 @@ def inference_mode():
         yield
 
 
-class ReplayByRerun:
-    """Graph stand-in: capture runs ``fn`` once; replay re-runs it into the same output."""
-
-    def __init__(self) -> None:
-        self.captured: list[int] = []
-        self.replays = 0
-        self._outputs: dict = {}
-
-    def new_pool(self):
-        return None
-
-    def warm_up(self, fn) -> None:
-        fn()
-
-    def capture(self, fn, pool):
-        out = fn()
-        self.captured.append(out.shape[0])
-        self._outputs[fn] = out
-        return fn, out
-
-    def replay(self, graph) -> None:
-        self.replays += 1
-        self._outputs[graph].copy_(graph())
-
-    def free_memory(self) -> int:
-        return 0
-
-
 class Platform(CudaPlatform):
     def __init__(self, kernels) -> None:
         self._kernels = kernels
@@ -112,19 +84,19 @@ def bound(model, caches) -> Runner:
     return runner
 
 
-def make_runner(kernels, monkeypatch, sizes: str | None = "1,2,4"):
+def make_runner(kernels, monkeypatch, stand_in, sizes: str | None = "1,2,4"):
     if sizes is None:
         monkeypatch.delenv("CORE_CUDA_GRAPH_SIZES", raising=False)
     else:
         monkeypatch.setenv("CORE_CUDA_GRAPH_SIZES", sizes)
-    fake = ReplayByRerun()
+    fake = stand_in()
     return CudaGraphRunner(Platform(kernels), graphs=fake), fake
 
 
-def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch) -> None:
+def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch, replay_by_rerun) -> None:
     kernels = CudaKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
     model = tiny_model(kernels)
-    runner, fake = make_runner(kernels, monkeypatch)
+    runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun)
     caches = filled_caches(model, 24, seed=1)
     runner.prepare(model, caches, engine_config())
     assert runner.capture_sizes == (1, 2, 4) and fake.captured == [4, 2, 1]  # largest first
@@ -140,10 +112,10 @@ def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch) -> None
         assert_same_kv(caches, eager_caches, inputs.attn_metadata.slot_mapping, 1e-5)
 
 
-def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monkeypatch) -> None:
+def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monkeypatch, replay_by_rerun) -> None:
     kernels = CudaKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
     model = tiny_model(kernels)
-    runner, fake = make_runner(kernels, monkeypatch, sizes="1,2")
+    runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun, sizes="1,2")
     caches = filled_caches(model, 24, seed=2)
     runner.prepare(model, caches, engine_config())
     three = decode_batch([3, 4, 5], 24)
@@ -163,10 +135,10 @@ def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monke
     "attention,cfg,reason",
     [("triton", {"enforce_eager": True}, "enforce_eager"), ("reference", {}, "not graph-safe")],
 )
-def test_no_capture_when_eager(attention, cfg, reason, tiny_model, monkeypatch, caplog) -> None:
+def test_no_capture_when_eager(attention, cfg, reason, tiny_model, monkeypatch, caplog, replay_by_rerun) -> None:
     kernels = CudaKernels(attention_backend=attention, ops_backend="reference")
     model = tiny_model(kernels)
-    runner, fake = make_runner(kernels, monkeypatch)
+    runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun)
     with caplog.at_level("INFO"):
         runner.prepare(model, model.new_kv_caches(8, BLOCK_SIZE), engine_config(**cfg))
     assert fake.captured == [] and runner.capture_sizes == ()

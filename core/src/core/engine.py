@@ -71,7 +71,7 @@ class LLMEngine:
             kv_window=self.loaded.kv_window,
             max_loras=config.max_loras if config.enable_lora else None,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(stage=self.platform.runner.stage)
         self.spec = None if spec is None else SpecDecoder(spec, config.max_model_len)
         self.structured = StructuredOutputs(
             config.structured_outputs_backend,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from plugins import EngineConfigView, Platform
-from plugins.attention import AttentionMetadata
+from plugins.attention import AttentionMetadata, build_step
 from plugins.kv_cache import needs_scale, new_kv_scale
 from plugins.memory import KVCachePlan
 from plugins.runner import ModelInputs
@@ -130,21 +130,16 @@ class ModelRunner:
     def run(self, batch: StepBatch) -> StepLogits:
         """Run the forward pass of a flattened batch and compute the logits it needs."""
         runner = self.platform.runner
-        device = runner.io_device()
-        meta = AttentionMetadata.build(
-            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size, device=device
-        )
+        meta, (input_ids, positions) = build_step(
+            batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size,
+            [batch.input_ids, batch.positions], runner.stage,
+        )  # fmt: skip
         lora = None
         if batch.loras is not None:
             if self.lora is None:
                 raise ValueError("a step with LoRA adapters on an engine without enable_lora")
             lora = self.lora.activate(batch.loras, batch.query_lens, self.device)
-        inputs = ModelInputs(
-            torch.tensor(batch.input_ids, dtype=torch.long, device=device),
-            torch.tensor(batch.positions, dtype=torch.long, device=device),
-            meta,
-            lora,
-        )
+        inputs = ModelInputs(input_ids, positions, meta, lora)
         with runner.grad_mode():
             try:
                 hidden = runner.execute(inputs)

@@ -59,7 +59,14 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
 
 
 class Sampler:
-    """Turns a batch of logits into one token per row, following each row's params."""
+    """Turns a batch of logits into one token per row, following each row's params.
+
+    :param stage: moves a host tensor of per-row values to the logits' device (the platform
+        runner's ``stage``: no synchronisation on a GPU); default ``Tensor.to(logits.device)``.
+    """
+
+    def __init__(self, stage: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.stage = stage
 
     def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
         """Sample from float32 ``logits`` [N, V] for the N ``states`` (same order)."""
@@ -67,6 +74,7 @@ class Sampler:
             raise ValueError(
                 f"logits must be [N, V] with N = len(states) = {len(states)}, got shape {tuple(logits.shape)}"
             )
+        stage = self.stage or (lambda host: host.to(logits.device))
         raw = logits.float()
         processed = raw
         if any(_edits_logits(s) for s in states):  # a copy only then: [N, V] is MBs a step
@@ -76,18 +84,20 @@ class Sampler:
             if any(s.params.has_penalties for s in states):
                 apply_penalties_from_states(processed, states)
 
-        sampled = first_argmax(processed)
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
-        if random_rows:
-            sub_states = [states[i] for i in random_rows]
-            rows = torch.tensor(random_rows, device=logits.device)
-            sampled[rows] = _sample_random(processed[rows], sub_states)
+        if states and len(random_rows) == len(states):  # every row random: no argmax, no index to move
+            sampled = _sample_random(processed, states, stage)
+        else:
+            sampled = first_argmax(processed)
+            if random_rows:
+                rows = stage(torch.tensor(random_rows))
+                sampled[rows] = _sample_random(processed[rows], [states[i] for i in random_rows], stage)
 
         num_rows = len(states)
         out = SamplerOutput(sampled.tolist(), [None] * num_rows, [None] * num_rows, [None] * num_rows)
         logprob_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
         if logprob_rows:
-            rows = torch.tensor(logprob_rows, device=logits.device)
+            rows = stage(torch.tensor(logprob_rows))
             gathered = gather_logprobs(
                 torch.log_softmax(raw[rows], dim=-1),
                 sampled[rows],
@@ -127,22 +137,24 @@ def _edits_logits(state: SamplingState) -> bool:
     return bool(p.logit_bias) or len(state.output_token_ids) < p.min_tokens or p.has_penalties
 
 
-def _sample_random(logits: torch.Tensor, states: Sequence[SamplingState]) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p, then the exponential race, for random rows."""
-    device = logits.device
+def _sample_random(
+    logits: torch.Tensor, states: Sequence[SamplingState], stage: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then the exponential race, for random rows
+    (per-row values moved to the device by ``stage``)."""
     params = [s.params for s in states]
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    temperature = stage(torch.tensor([p.temperature for p in params]))
     logits = logits / temperature.unsqueeze(1)
     vocab_size = logits.shape[1]
     top_k = top_p = None
     if any(p.is_top_k_enabled for p in params):
-        top_k = torch.tensor([p.top_k if p.is_top_k_enabled else vocab_size for p in params], device=device)
+        top_k = stage(torch.tensor([p.top_k if p.is_top_k_enabled else vocab_size for p in params]))
     if any(p.top_p < 1 for p in params):
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_p = stage(torch.tensor([p.top_p for p in params]))
     if top_k is not None or top_p is not None:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     if any(p.min_p > 0 for p in params):
-        logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], device=device))
+        logits = apply_min_p(logits, stage(torch.tensor([p.min_p for p in params])))
     probs = torch.softmax(logits, dim=-1)
     return exponential_race(probs, [s.generator for s in states])
 

@@ -148,6 +148,14 @@ class CudaGraphRunner(Runner):
                 self.graph_memory_bytes / MiB, self.graph_reserve_bytes / MiB,
             )  # fmt: skip
 
+    def stage(self, host: torch.Tensor) -> torch.Tensor:
+        """One asynchronous copy from pinned memory: the host goes on building the next step.
+        The caching host allocator keeps the pinned block until the copy has run."""
+        device = self.io_device()
+        if device.type == "cpu":  # the runner's CPU tests
+            return host
+        return host.pin_memory().to(device, non_blocking=True)
+
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:
         """The captured size a decode batch is padded to, or None to run it eagerly."""
         meta = inputs.attn_metadata

@@ -14,7 +14,10 @@ tokens ``j * block_size ... (j + 1) * block_size - 1`` of sequence ``i``. A one-
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, repeat
 
 import torch
 
@@ -64,21 +67,66 @@ class AttentionMetadata:
         device: torch.device | str = "cpu",
     ) -> AttentionMetadata:
         """Build the metadata of a batch from per-sequence lengths and block tables."""
-        starts = [0]
-        slots: list[int] = []
-        for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
-            if not 0 < q_len <= s_len:
-                raise ValueError(f"query_len {q_len} must be in [1, seq_len={s_len}]")
-            starts.append(starts[-1] + q_len)
-            for pos in range(s_len - q_len, s_len):
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-        width = max((len(t) for t in block_tables), default=0) or 1
-        tables = [t + [0] * (width - len(t)) for t in block_tables]
-        return cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device).reshape(len(tables), width),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            query_lens_host=list(query_lens),
-            seq_lens_host=list(seq_lens),
+        meta, _ = build_step(query_lens, seq_lens, block_tables, block_size, [], lambda host: host.to(device))
+        return meta
+
+
+def build_step(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    token_rows: Sequence[Sequence[int]],
+    stage: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[AttentionMetadata, list[torch.Tensor]]:
+    """One step's metadata and int64 per-token rows (``token_rows``: input ids, positions) moved
+    to the device in one copy: everything is packed into one host byte buffer, ``stage`` moves it
+    (``Runner.stage``: a pinned, asynchronous copy on a GPU) and the tensors are views into the
+    result, so a step costs one host-to-device copy and no synchronisation.
+
+    :raises ValueError: a query length outside ``[1, seq_len]``, a block table too short for its
+        sequence, or a token row whose length is not the batch's token count.
+    """
+    num_seqs = len(seq_lens)
+    if len(query_lens) != num_seqs or len(block_tables) != num_seqs:
+        raise ValueError(
+            f"{len(query_lens)} query lengths, {num_seqs} seq lengths and {len(block_tables)} block tables"
         )
+    num_tokens = sum(query_lens)
+    if any(len(row) != num_tokens for row in token_rows):
+        raise ValueError(f"token rows of {[len(r) for r in token_rows]} for a batch of {num_tokens} tokens")
+    i64 = array("q")  # token rows, then slots; C arrays: a list comprehension per token is slower
+    for row in token_rows:
+        i64.extend(row)
+    for i, (q_len, s_len, table) in enumerate(zip(query_lens, seq_lens, block_tables)):  # noqa: B905
+        if not 0 < q_len <= s_len:
+            raise ValueError(f"query_len {q_len} must be in [1, seq_len={s_len}]")
+        if len(table) * block_size < s_len:
+            raise ValueError(
+                f"sequence {i}: a block table of {len(table)} blocks of {block_size} cannot hold {s_len} tokens"
+            )
+        pos = s_len - q_len
+        while pos < s_len:  # one run of slots per block the new tokens touch
+            block, end = pos // block_size, min(s_len, (pos // block_size + 1) * block_size)
+            shift = (table[block] - block) * block_size
+            i64.extend(range(shift + pos, shift + end))
+            pos = end
+    width = max(map(len, block_tables), default=0) or 1
+    i32 = array("i", accumulate(query_lens, initial=0))
+    i32.extend(seq_lens)
+    for table in block_tables:
+        i32.extend(table)
+        i32.extend(repeat(0, width - len(table)))
+    n64 = len(i64)
+    buf = bytearray(i64.tobytes() + i32.tobytes())
+    dev = stage(torch.frombuffer(buf, dtype=torch.uint8))
+    d64, d32 = dev[: 8 * n64].view(torch.int64), dev[8 * n64 :].view(torch.int32)
+    meta = AttentionMetadata(
+        query_start_loc=d32[: num_seqs + 1],
+        seq_lens=d32[num_seqs + 1 : 2 * num_seqs + 1],
+        block_tables=d32[2 * num_seqs + 1 :].view(num_seqs, width),
+        slot_mapping=d64[len(token_rows) * num_tokens :],
+        query_lens_host=list(query_lens),
+        seq_lens_host=list(seq_lens),
+    )
+    return meta, [d64[k * num_tokens : (k + 1) * num_tokens] for k in range(len(token_rows))]

@@ -57,7 +57,7 @@ def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
     device = inputs.input_ids.device
     zeros = torch.zeros(extra, dtype=torch.int64, device=device)
     table_pad = torch.zeros(extra, meta.block_tables.shape[1], dtype=meta.block_tables.dtype, device=device)
-    end = int(meta.query_start_loc[-1]) if meta.num_seqs else 0
+    end = sum(meta.query_lens_host)  # the host's numbers: no device read
     padded = replace(
         meta,
         query_start_loc=torch.cat(
@@ -113,6 +113,14 @@ class Runner:
         """
         return self.platform.torch_device()
 
+    def stage(self, host: torch.Tensor) -> torch.Tensor:
+        """A step's inputs, packed in one host tensor, on :meth:`io_device` (core calls it once a step).
+
+        Default: ``host.to(io_device())`` (no copy when that is the CPU). (optional) override to
+        copy without synchronising the host: a GPU runner pins ``host`` and copies asynchronously.
+        """
+        return host.to(self.io_device())
+
     def grad_mode(self) -> contextlib.AbstractContextManager:
         """The autograd mode core runs :meth:`profile`, :meth:`execute` and
         :meth:`compute_logits` in: ``torch.inference_mode()`` by default. A runner whose
@@ -122,7 +130,9 @@ class Runner:
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """float32 logits ``[len(rows), vocab]`` of the bound model for rows ``rows`` of
         :meth:`execute`'s result, on :meth:`io_device`. Override to run them at padded shapes."""
-        index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+        if rows and rows == list(range(rows[0], rows[0] + len(rows))):  # decode: every row, no index to copy
+            return self.model.compute_logits(hidden[rows[0] : rows[0] + len(rows)])
+        index = self.stage(torch.tensor(rows, dtype=torch.long))
         return self.model.compute_logits(hidden.index_select(0, index))
 
     def padded_num_seqs(self, inputs: ModelInputs) -> int | None:

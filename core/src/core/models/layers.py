@@ -184,10 +184,10 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # contiguous head-major tensors: native kernels index them by raw strides
-        q = q.reshape(num_tokens, self.num_heads, self.head_size).contiguous()
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_size).contiguous()
+        # head views of the fused projection, no copies: kernels take any token stride (the kit checks it)
+        q = q.reshape(num_tokens, self.num_heads, self.head_size)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_size)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_size)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.kernels.rotary_embedding(positions, q, k, cos_sin_cache)

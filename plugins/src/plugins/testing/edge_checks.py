@@ -116,14 +116,16 @@ class EdgeInputChecks(ConformanceBase):
         self._assert_close(got_q, ref_q, dtype_name, f"rotary_embedding q on {what}")
         self._assert_close(got_k, ref_k, dtype_name, f"rotary_embedding k on {what}")
 
-    def test_write_kv_cache_edges(self, device_plat, ref, gen, dtype_name) -> None:
-        """The first and the last slot of the cache, and one padding token (exact copies)."""
+    @pytest.mark.parametrize("fused", [False, True], ids=["contiguous", "fused-qkv-views"])
+    def test_write_kv_cache_edges(self, device_plat, ref, gen, dtype_name, fused) -> None:
+        """The first and the last slot of the cache, and one padding token (exact copies); K and V
+        contiguous or head views of a fused qkv projection (as core's attention layer passes them)."""
         import torch
 
-        what = "the first and the last slot of the cache"
+        what = "the first and the last slot of the cache" + (", head views of a fused qkv" if fused else "")
         meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [2], [32], 2, 64, 16)
         dev = device_plat.torch_device()
-        _, k, v = self._heads(3, (4, 2, 2), 64, dtype_name, dev, gen, False)
+        _, k, v = self._heads(3, (4, 2, 2), 64, dtype_name, dev, gen, fused)
         slots = torch.tensor([0, k_cache.shape[0] * k_cache.shape[1] - 1, -1], dtype=meta.slot_mapping.dtype).to(dev)
         ref_k, ref_v = k_cache.clone(), v_cache.clone()
         ref.write_kv_cache(k.clone(), v.clone(), ref_k, ref_v, slots)
