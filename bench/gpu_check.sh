@@ -7,8 +7,8 @@
 # the wheels core needs beyond them travel in .whl: plugin_cuda/GPU_CHECKLIST.md says how to fetch
 # them), then: the device and versions; plugin_cuda's test suite with the conformance kit on the
 # real device and greedy parity (bench/cuda_vs_transformers.py --check: tiny Qwen2 vs the reference
-# platform, the default model's and Qwen2-0.5B's shapes vs transformers); the benchmark (prefill,
-# batch-1 decode vs the HBM floor, 64-way vs transformers) and a torch.profiler step profile.
+# platform, the default model's and Qwen2-0.5B's shapes vs transformers), after the benchmark
+# (prefill, batch-1 decode vs the HBM floor, 64-way vs transformers) and a torch.profiler step profile.
 # Logs and the JSON go to $OUT (the device tool brings them back); paste the figures into
 # bench/RESULTS.md. GPU_CHECK_SKIP=check or =bench runs the other half alone.
 set -uo pipefail
@@ -23,12 +23,12 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
     git log -1 --format='commit %h %s' 2>/dev/null || true
 } 2>&1 | tee "$OUT/device.txt"
 rc=0
-if [[ ${GPU_CHECK_SKIP:-} != check ]]; then
-    timeout 250 python3 bench/cuda_vs_transformers.py --check \
-        --pytest-args "plugin_cuda/tests -q -rs --timeout 120 -p no:cacheprovider" 2>&1 | tee "$OUT/check.log" || rc=1
-fi
 if [[ ${GPU_CHECK_SKIP:-} != bench ]]; then
     timeout 330 python3 bench/cuda_vs_transformers.py --skip eager --budget-s 310 \
         --json "$OUT/cuda_vs_transformers.json" 2>&1 | tee "$OUT/bench.log" || rc=1
+fi
+if [[ ${GPU_CHECK_SKIP:-} != check ]]; then
+    timeout 250 python3 bench/cuda_vs_transformers.py --check \
+        --pytest-args "plugin_cuda/tests -q -rs --timeout 120 -p no:cacheprovider" 2>&1 | tee "$OUT/check.log" || rc=1
 fi
 exit $rc
