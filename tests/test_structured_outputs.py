@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from core import LLM, SamplingParams, StructuredOutputsParams
 
@@ -82,6 +83,30 @@ def test_unconstrained_rows_keep_their_greedy_tokens_beside_constrained_ones(llm
     mixed_params = [free, free] + [_params(json=case["schema"]) for case in SCHEMAS[:4]]
     mixed = llm.generate(mixed_prompts, mixed_params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in mixed[:2]] == alone
+
+
+def test_the_mask_filled_during_the_forward_is_each_matchers_own(llm, monkeypatch):
+    """The engine fills a step's bitmask on a worker thread while the forward runs (in one call
+    for llguidance's matchers): each row is what its matcher fills alone, after the forward."""
+    engine, steps = llm.engine, []
+    sample = engine._sample
+
+    def checking(logits, entries, outputs=None, early_mask=None):
+        matchers = [c.matcher for _, c in entries]
+        assert early_mask is not None and all(a is b for a, b in zip(early_mask[0], matchers, strict=True))
+        bitmask, rows = early_mask[1]
+        alone = torch.zeros_like(bitmask)
+        for j, i in enumerate(rows):
+            matchers[i].fill_bitmask(alone, j)
+        assert rows == list(range(len(matchers))) and torch.equal(bitmask, alone)
+        steps.append(len(rows))
+        return sample(logits, entries, outputs, early_mask)
+
+    monkeypatch.setattr(engine, "_sample", checking)
+    cases = SCHEMAS[:6]
+    outs = llm.generate([_chat(llm, c["prompt"]) for c in cases], [_params(json=c["schema"]) for c in cases],
+                        use_tqdm=False)  # fmt: skip
+    assert max(steps) == len(cases) and len(steps) >= max(len(o.outputs[0].token_ids) for o in outs)
 
 
 @pytest.mark.parametrize(

@@ -92,3 +92,23 @@ def test_compiles_are_cached_and_the_bitmask_covers_constrained_rows_only():
 
     bitmask, rows = structured.bitmask([None, AllowAll(), None, AllowAll()])
     assert rows == [1, 3] and tuple(bitmask.shape) == (2, 4) and bool((bitmask == -1).all())
+
+
+def test_a_backend_fills_its_own_rows_at_once_and_the_rest_row_by_row_on_the_worker():
+    structured = StructuredOutputs("guidance", tokenizer=object(), vocab_size=100, eos_token_ids=[0])
+
+    class Batched(_CountingBackend):
+        def fill_bitmask_rows(self, rows, bitmask):
+            for matcher, j in rows:
+                if matcher == "batched":
+                    bitmask[j].fill_(7)
+            return [(m, j) for m, j in rows if m != "batched"]
+
+    class AllowAll:
+        def fill_bitmask(self, bitmask, row):
+            bitmask[row].fill_(-1)
+
+    structured._backend = Batched()
+    assert structured.bitmask_soon([None, None]) is None
+    bitmask, rows = structured.bitmask_soon([None, "batched", AllowAll()]).result()
+    assert rows == [1, 2] and bool((bitmask[0] == 7).all()) and bool((bitmask[1] == -1).all())

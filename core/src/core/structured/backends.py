@@ -33,6 +33,9 @@ class Matcher(Protocol):
 
 
 class Backend(Protocol):
+    """(optional) ``fill_bitmask_rows(rows, bitmask)``: fill the rows of its own matchers at once,
+    return the ``(matcher, row)`` pairs left (see :meth:`GuidanceBackend.fill_bitmask_rows`)."""
+
     name: str
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
@@ -66,26 +69,38 @@ def _choice_lark(choices: tuple[str, ...]) -> str:
 
 
 class _Matcher:
-    """A library's matcher behind :class:`Matcher`'s three calls (bound once: they run every step)."""
+    """A library's matcher behind :class:`Matcher`'s three calls (bound once: they run every step);
+    ``native``: the library's own matcher, for a backend that fills many rows in one call."""
 
-    def __init__(self, fill: Any, accept: Any, is_terminated: Any) -> None:
+    def __init__(self, fill: Any, accept: Any, is_terminated: Any, native: Any = None) -> None:
         self.fill_bitmask = fill
         self.accept = accept
         self.is_terminated = is_terminated
+        self.native = native
 
 
 # -- llguidance ------------------------------------------------------------------------------
 class GuidanceBackend:
-    """llguidance: JSON schema, regex, choice, Lark and GBNF grammars."""
+    """llguidance: JSON schema, regex, choice, Lark and GBNF grammars.
+
+    A compiled grammar is a matcher at its start that is never advanced; each sequence's
+    matcher is a copy of it. Copies share the grammar's lexer, whose states llguidance
+    builds as answers first reach them: a schema seen before starts warm (its 32-row masks
+    filled ~25% faster), and a copy costs tens of microseconds where a matcher built from the
+    grammar's text cost ~0.5 ms.
+    """
 
     name = "guidance"
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        import llguidance
         import llguidance.hf
 
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        # one thread: the fill overlaps the model's forward, which has the other CPUs (LLMEngine.step)
+        self._executor = llguidance.LLExecutor(num_threads=1)
 
-    def compile(self, spec: StructuredOutputsParams) -> str:
+    def compile(self, spec: StructuredOutputsParams) -> Any:
         from llguidance import LLMatcher
         from llguidance.gbnf_to_lark import any_to_lark
 
@@ -111,20 +126,31 @@ class GuidanceBackend:
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
         if is_error:
             raise ValueError(f"structured_outputs.{kind}: {messages[0] if messages else 'invalid'}")
-        return grammar
+        start = LLMatcher(self._tokenizer, grammar)
+        if start.is_error():
+            raise ValueError(f"structured_outputs.{kind}: {start.get_error()}")
+        return start
 
-    def matcher(self, grammar: str) -> Matcher:
-        from llguidance import LLMatcher
+    def matcher(self, grammar: Any) -> Matcher:
         from llguidance.torch import fill_next_token_bitmask
 
-        matcher = LLMatcher(self._tokenizer, grammar)
-        if matcher.is_error():
-            raise ValueError(f"structured outputs: {matcher.get_error()}")
+        matcher = grammar.deep_copy()
         return _Matcher(
             lambda bitmask, row: fill_next_token_bitmask(matcher, bitmask, row),
             matcher.consume_token,
             matcher.is_stopped,
+            native=matcher,
         )
+
+    def fill_bitmask_rows(self, rows: list[tuple[Matcher, int]], bitmask: torch.Tensor) -> list[tuple[Matcher, int]]:
+        """Fill ``bitmask``'s rows of this backend's matchers in one call that releases the GIL;
+        return the ``(matcher, row)`` pairs left to fill one by one (other matchers)."""
+        from llguidance.torch import fill_next_token_bitmask_par
+
+        native = [(m.native, row) for m, row in rows if getattr(m, "native", None) is not None]
+        if native:
+            fill_next_token_bitmask_par(self._executor, native, bitmask)
+        return [(m, row) for m, row in rows if getattr(m, "native", None) is None]
 
 
 # -- xgrammar --------------------------------------------------------------------------------

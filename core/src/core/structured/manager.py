@@ -6,6 +6,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ class StructuredOutputs:
         self._backend: Backend | None = None
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._worker: ThreadPoolExecutor | None = None  # made by the engine thread: it inherits its CPUs
 
     def _get_backend(self) -> Backend:
         with self._lock:
@@ -85,6 +87,19 @@ class StructuredOutputs:
         if not rows:
             return None
         bitmask = torch.empty((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32)
-        for j, i in enumerate(rows):
-            matchers[i].fill_bitmask(bitmask, j)  # type: ignore[union-attr]
+        pending = [(matchers[i], j) for j, i in enumerate(rows)]
+        fill_rows = getattr(self._backend, "fill_bitmask_rows", None)
+        if fill_rows is not None:
+            pending = fill_rows(pending, bitmask)
+        for matcher, j in pending:
+            matcher.fill_bitmask(bitmask, j)  # type: ignore[union-attr]
         return bitmask, rows
+
+    def bitmask_soon(self, matchers: Sequence[Matcher | None]) -> Future | None:
+        """:meth:`bitmask` on a worker thread (the future of its result); None when no row has a
+        matcher. The matchers must not advance until the result is taken."""
+        if all(m is None for m in matchers):
+            return None
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="core-grammar")
+        return self._worker.submit(self.bitmask, matchers)
