@@ -112,3 +112,8 @@ def test_a_backend_fills_its_own_rows_at_once_and_the_rest_row_by_row_on_the_wor
     assert structured.bitmask_soon([None, None]) is None
     bitmask, rows = structured.bitmask_soon([None, "batched", AllowAll()]).result()
     assert rows == [1, 2] and bool((bitmask[0] == 7).all()) and bool((bitmask[1] == -1).all())
+    worker = structured._worker
+    structured.shutdown()  # LLMEngine.shutdown's: the thread ends, a later step makes a new one
+    assert structured._worker is None and worker._shutdown
+    assert structured.bitmask_soon(["batched"]).result()[1] == [0]
+    structured.shutdown()

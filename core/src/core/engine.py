@@ -359,7 +359,9 @@ class LLMEngine:
         self.executor.check_health()
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (worker processes or actors, when the model is split)."""
+        """Stop the executor's workers (worker processes or actors, when the model is split) and
+        the grammar worker thread."""
+        self.structured.shutdown()
         self.executor.shutdown()
 
     def stats(self) -> dict[str, Any]:

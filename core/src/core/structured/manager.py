@@ -103,3 +103,9 @@ class StructuredOutputs:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="core-grammar")
         return self._worker.submit(self.bitmask, matchers)
+
+    def shutdown(self) -> None:
+        """Stop the worker thread (after its fill in progress, if any)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
