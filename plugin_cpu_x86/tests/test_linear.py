@@ -291,20 +291,3 @@ def test_rejects_unknown_quantization(kernels, gen):
     bad = GGUFWeight("Q4_1", torch.zeros(4, 7, dtype=torch.uint8), 4, 64)
     with pytest.raises(ValueError, match="bytes a row"):
         kernels.prepare_linear(bad, "gguf")
-
-
-@pytest.mark.parametrize("tokens", [7, 13, 23])  # from kPanelMin rows; below kAmxMinRows on AMX builds
-@pytest.mark.parametrize("qtype", QTYPES)
-def test_bfloat16_dot_product_kernel(kernels, gen, tokens, qtype):
-    """AVX512_BF16 builds (gemm_bf16): bfloat16 activations times the dequantized weights rounded to
-    bfloat16, float32 accumulation: torch's bfloat16 linear on those weights, to one output rounding."""
-    if kernels.isa not in ("avx512bf16", "avx512amx"):
-        pytest.skip(f"{kernels.isa} has no vdpbf16ps path")
-    k = 256
-    w = torch.randn(37, k, generator=gen).numpy()
-    prepared = kernels.prepare_linear(gguf_weight(qtype, w), "gguf")
-    x = (torch.randn(tokens, k, generator=gen) * 2).to(torch.bfloat16)
-    bias = torch.randn(37, generator=gen)
-    out = kernels.linear(x, prepared, bias)
-    expected = F.linear(x.float(), prepared.dequantize().to(torch.bfloat16).float(), bias)
-    torch.testing.assert_close(out.float(), expected, atol=1e-3 * expected.abs().max().item(), rtol=2**-8)
