@@ -13,12 +13,13 @@ cmake_minimum_required(VERSION 3.18)
 set(CK_SOURCE_DIR ${CMAKE_CURRENT_LIST_DIR}/src)
 
 # ISA variants per processor, best first (the order ck_isa_names() reports), and flags
-set(CK_x86_64_ISAS avx512amx avx512vnni avx512 avx2 scalar)
+set(CK_x86_64_ISAS avx512amx avx512bf16 avx512vnni avx512 avx2 scalar)
 set(CK_x86_64_avx2_FLAGS -mavx2 -mfma -mf16c)
 set(CK_x86_64_avx512_FLAGS -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
     -mprefer-vector-width=512)
 set(CK_x86_64_avx512vnni_FLAGS ${CK_x86_64_avx512_FLAGS} -mavx512vnni)
-set(CK_x86_64_avx512amx_FLAGS ${CK_x86_64_avx512vnni_FLAGS} -mavx512bf16 -mamx-tile -mamx-bf16)
+set(CK_x86_64_avx512bf16_FLAGS ${CK_x86_64_avx512vnni_FLAGS} -mavx512bf16)
+set(CK_x86_64_avx512amx_FLAGS ${CK_x86_64_avx512bf16_FLAGS} -mamx-tile -mamx-bf16)
 set(CK_aarch64_ISAS neon_bf16 neon_dotprod neon scalar)
 set(CK_aarch64_neon_FLAGS -march=armv8-a)
 set(CK_aarch64_neon_dotprod_FLAGS -march=armv8.2-a+dotprod)

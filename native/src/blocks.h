@@ -190,6 +190,10 @@ static const long kPanelMin = 7;
 // AMX builds: from this many rows, the panel path's products run on the tile unit (matvec_amx.h;
 // where it draws level with the int16 x8 kernel on one thread)
 static const long kAmxMinRows = 24;
+// AVX512_BF16 builds: from this many rows, bfloat16 products run gemm_bf16 (matvec_bf16.h; below
+// it packing a group of weights costs more than the int16 x8 kernel's whole product: Zen 4, 2
+// threads, 576x1536 Q4_1: 64 rows level, 96 rows 1.1x, 256 rows 1.4x)
+static const long kBf16MinRows = 96;
 
 // Block b of row r of an x8 matrix w (nb blocks a row; quant.cpp has the layout) in its row
 // format QT (Q8_0, Q4_0, Q4_1, int8 as those formats store a block; a float-scaled code as its

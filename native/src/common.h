@@ -1,7 +1,7 @@
 // Shared helpers of the per-ISA kernel translation units.
 //
 // Every kernel source is compiled once per ISA variant of the target (x86-64: scalar,
-// avx2, avx512, avx512vnni, avx512amx; aarch64: scalar, neon, neon_bf16; s390x: scalar, z14,
+// avx2, avx512, avx512vnni, avx512bf16, avx512amx; aarch64: scalar, neon, neon_bf16; s390x: scalar, z14,
 // z15) with that variant's -m flags and CK_ISA set to its name. Everything here lives in a
 // per-ISA namespace so no inline function compiled with, say, AVX-512 flags can be
 // picked by the linker for the AVX2 or scalar build (an ODR trap that would raise

@@ -30,6 +30,7 @@ static const int kAvx2 = CK_HAS_AVX2 | CK_HAS_FMA | CK_HAS_F16C;
 static const int kAvx512 = kAvx2 | CK_HAS_AVX512F | CK_HAS_AVX512BW | CK_HAS_AVX512VL | CK_HAS_AVX512DQ;
 const CKIsa kIsas[] = {
     {"avx512amx", kAvx512 | CK_HAS_AVX512VNNI | CK_HAS_AVX512BF16 | CK_HAS_AMX},
+    {"avx512bf16", kAvx512 | CK_HAS_AVX512VNNI | CK_HAS_AVX512BF16},
     {"avx512vnni", kAvx512 | CK_HAS_AVX512VNNI},
     {"avx512", kAvx512},
     {"avx2", kAvx2},

@@ -256,7 +256,8 @@ static inline void dequant_rows(const uint8_t *w, long rb, long nb, long j, long
     }
 }
 
-#include "matvec_amx.h"  // AMX builds: amx_matmul, the tile kernels
+#include "matvec_amx.h"   // AMX builds: amx_matmul, the tile kernels
+#include "matvec_bf16.h"  // AVX512_BF16 builds: gemm_bf16, bfloat16 compute without the tile unit
 
 // Many activation rows (batched decode, prefill): each group of kPanelW weight rows is
 // dequantized into an L1 panel of float32, then multiplied into a block of activation
@@ -355,14 +356,18 @@ static int matmul_float_act(const uint8_t *w, const float *rs, const float *x, l
 }
 
 // The product on activations x of the compute dtype T: the tile kernels take them as they are
-// (AMX builds, from kAmxMinRows rows); the others take float32 ones, so bfloat16 rows are
-// widened into a copy first. Returns -1 if a buffer could not be had.
+// (AMX builds, from kAmxMinRows rows), so does gemm_bf16 (AVX512_BF16 builds, bfloat16 from
+// kBf16MinRows rows); the others take float32 ones, so bfloat16 rows are widened into a copy first. Returns -1 if a buffer could not be had.
 template <int QT, typename T>
 static int matmul_act(const uint8_t *w, const float *rs, const T *x, long xs, long rows, long n,
                       long k, T *out, const void *bias, int bias_dt, int nt) {
 #if defined(__AMX_BF16__)
   if (rows >= kAmxMinRows && k % 32 == 0 && amx_ready())
     return amx_matmul<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same<T, bf16_t>::value)
+    if (rows >= kBf16MinRows) return gemm_bf16<QT>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);
 #endif
   if constexpr (std::is_same<T, float>::value) {
     return matmul_float_act<QT, T>(w, rs, x, xs, rows, n, k, out, bias, bias_dt, nt);

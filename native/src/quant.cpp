@@ -657,7 +657,8 @@ int CK_FN(x8_vectorized)(void) {
 // W: n rows in format qt (blocks.h); row_scale: per-row scales for CK_INT8 and
 // CK_INT8X8, else NULL. k must be a multiple of 32. The x8 formats take int8
 // activations (above), per block of 32, or per row with CK_PER_TOKEN added to qt; with
-// CK_ACT16 added int16 ones (float32 ones from kAct16PanelMin rows); the others float32 ones
+// CK_ACT16 added int16 ones (float32 ones from kAct16PanelMin rows, bfloat16 ones on AVX512_BF16
+// builds from kBf16MinRows rows); the others float32 ones
 // (matvec.cpp). Returns 0, or -1 if a scratch buffer could not be had.
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
@@ -665,7 +666,14 @@ int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k,
   const bool per_row = (qt & CK_PER_TOKEN) != 0, act16 = (qt & CK_ACT16) != 0;
   qt &= ~((int)CK_PER_TOKEN | (int)CK_ACT16);
 #if defined(CK_V8)
-  if (act16 && act16_on_panel(rows))
+  // bfloat16 activations on AVX512_BF16 builds: from kBf16MinRows rows gemm_bf16 (matvec_bf16.h)
+  // outruns the int16 kernel (its weights are packed once for all the rows)
+#if defined(__AVX512BF16__)
+  const bool bf16_panel = dtype == CK_BF16 && rows >= kBf16MinRows;
+#else
+  const bool bf16_panel = false;
+#endif
+  if (act16 && (bf16_panel || act16_on_panel(rows)))
     return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
                                  bias_dtype, nthreads);
 #endif

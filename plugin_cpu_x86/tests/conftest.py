@@ -8,7 +8,7 @@ from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.kernels import Kernels
 
 #: CPU_KERNEL_ISA values each kernel test runs under (skipped where the CPU lacks it)
-ISA_PATHS = ("amx", "avx512", "avx2", "scalar")
+ISA_PATHS = ("amx", "avx512", "avx512vnni", "avx2", "scalar")
 #: (atol, rtol) of kernel outputs vs the float32 torch reference, per dtype; bf16
 #: allows about one bf16 ulp (2^-8 relative) of rounding difference
 TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 1.6e-2)}
@@ -23,7 +23,7 @@ def kernels(request, monkeypatch):
         kern = platform.kernels
     except ValueError as exc:  # the CPU lacks this ISA
         pytest.skip(str(exc))
-    assert request.param in kern.isa  # amx: avx512amx, avx512: the best AVX-512 build without AMX
+    assert request.param in kern.isa  # amx: avx512amx, avx512: the best AVX-512 build without AMX (bf16 or vnni)
     return kern
 
 

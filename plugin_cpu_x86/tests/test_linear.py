@@ -291,3 +291,21 @@ def test_rejects_unknown_quantization(kernels, gen):
     bad = GGUFWeight("Q4_1", torch.zeros(4, 7, dtype=torch.uint8), 4, 64)
     with pytest.raises(ValueError, match="bytes a row"):
         kernels.prepare_linear(bad, "gguf")
+
+
+@pytest.mark.parametrize("tokens", [96, 103, 200])  # from kBf16MinRows rows: whole tiles of 6 rows and a tail
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_bfloat16_dot_product_kernel(kernels, gen, tokens, qtype):
+    """AVX512_BF16 builds without the tile unit (gemm_bf16): bfloat16 activations times the dequantized
+    weights rounded to bfloat16, float32 accumulation: torch's bfloat16 linear on those weights, to
+    one output rounding. 70 weight rows: a whole group of 64 and a part one."""
+    if kernels.isa != "avx512bf16":
+        pytest.skip(f"{kernels.isa} runs no gemm_bf16 here (AMX builds: the tile unit from 24 rows)")
+    k = 256
+    w = torch.randn(70, k, generator=gen).numpy()
+    prepared = kernels.prepare_linear(gguf_weight(qtype, w), "gguf")
+    x = (torch.randn(tokens, k, generator=gen) * 2).to(torch.bfloat16)
+    bias = torch.randn(70, generator=gen)
+    out = kernels.linear(x, prepared, bias)
+    expected = F.linear(x.float(), prepared.dequantize().to(torch.bfloat16).float(), bias)
+    torch.testing.assert_close(out.float(), expected, atol=1e-3 * expected.abs().max().item(), rtol=2**-8)

@@ -33,7 +33,7 @@ def test_identity_and_device_info():
     assert plat.is_available() and plat.unavailable_reason() is None
     info = plat.device_info()
     assert info["num_cpus"] >= 1 and info["memory_total_gib"] > 0
-    assert info["kernel_isa"] in ("avx512amx", "avx512vnni", "avx512", "avx2", "scalar")
+    assert info["kernel_isa"] in ("avx512amx", "avx512bf16", "avx512vnni", "avx512", "avx2", "scalar")
     assert set(info["isa"]) <= set(cpuinfo.ISA_FLAGS.values())
 
 
@@ -73,7 +73,9 @@ def test_isa_selection():
     full = ["AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ", "AVX512_VNNI"]
     assert select_isa(ISA_TABLE, "auto", full) == "avx512vnni"
     assert select_isa(ISA_TABLE, "auto", [*full, "AVX512_BF16", "AMX"]) == "avx512amx"
-    assert select_isa(ISA_TABLE, "avx512", [*full, "AVX512_BF16", "AMX"]) == "avx512vnni"  # the tile unit off
+    assert select_isa(ISA_TABLE, "auto", [*full, "AVX512_BF16"]) == "avx512bf16"  # Zen 4/5
+    assert select_isa(ISA_TABLE, "avx512", [*full, "AVX512_BF16", "AMX"]) == "avx512bf16"  # the tile unit off
+    assert select_isa(ISA_TABLE, "avx512vnni", [*full, "AVX512_BF16", "AMX"]) == "avx512vnni"
     assert select_isa(ISA_TABLE, "avx512", full[:-1]) == "avx512"
     assert select_isa(ISA_TABLE, "avx2", full) == "avx2"
     assert select_isa(ISA_TABLE, "auto", ["AVX2", "FMA"]) == "scalar"  # AVX2 build also needs F16C
