@@ -200,7 +200,9 @@ def part_parity(a: argparse.Namespace) -> dict:
         for dtype in ("float32", "bfloat16"):
             llm = LLM(model=str(folder), device=a.device, dtype=dtype, skip_tokenizer_init=True, seed=0,
                       max_num_seqs=8, max_model_len=256)  # fmt: skip
-            outs = [o.outputs[0] for o in llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)]
+            outs = [
+                o.outputs[0] for o in llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+            ]
             llm.shutdown()
             del llm
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(dev).eval()
@@ -223,6 +225,11 @@ def part_parity(a: argparse.Namespace) -> dict:
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 COPIES = ("cudaMemcpyAsync",)
+
+
+def _calls(events, names: tuple[str, ...]) -> int:
+    """How many times the profiler saw the events ``names``."""
+    return sum(e.count for e in events if e.key in names)
 
 
 def part_profile(a: argparse.Namespace) -> dict:
@@ -259,15 +266,14 @@ def part_profile(a: argparse.Namespace) -> dict:
             fn()
         wall = time.perf_counter() - start
         events = prof.key_averages()
-        count = lambda names: sum(e.count for e in events if e.key in names)  # noqa: E731
         kernels = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: -e.self_device_time_total)
         n = max(steps[0], 1)
         result[name] = {"steps": steps[0], "wall_ms": wall * 1e3,
                         "device_ms": sum(e.self_device_time_total for e in kernels) / 1e3,
-                        "launches_per_step": count(LAUNCHES) / n, "syncs_per_step": count(SYNCS) / n,
-                        "copies_per_step": count(COPIES) / n,
+                        "launches_per_step": _calls(events, LAUNCHES) / n, "syncs_per_step": _calls(events, SYNCS) / n,
+                        "copies_per_step": _calls(events, COPIES) / n,
                         "top_kernels": [(e.key[:80], e.count, round(e.self_device_time_total / 1e3, 3)) for e in kernels[:15]],
-                        "top_host": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)}  # fmt: skip
+                        "top_host": events.table(sort_by="self_cpu_time_total", row_limit=25)}  # fmt: skip
     return result
 
 
@@ -305,7 +311,8 @@ def summarize(d: dict) -> tuple[list[str], list[list[str]]]:
     floor_pre = n * pl / (workload_flops(shape, n, pl, 0) / rate)
     ceiling = n * gl / (workload_flops(shape, n, pl, gl) / rate)
     f, r = (lambda v: "n/a" if not v else f"{v:.1f}"), (lambda x, y: None if not x or not y else x / y)
-    rows = [["physical floor", f(floor_dec), f"{1e3 / floor_dec:.3f}", "1.00", "-", f(floor_pre), "1.00", "-", f(ceiling), "-"]]
+    rows = [["physical floor", f(floor_dec), f"{1e3 / floor_dec:.3f}", "1.00", "-", f(floor_pre), "1.00", "-",
+             f(ceiling), "-"]]  # fmt: skip
     for key in ("engine:graphs", "engine:eager", "hf"):
         res = d.get(key, {})
         dec, pre, tp = res.get("decode_tok_s"), res.get("prefill_tok_s"), res.get("output_tok_s")

@@ -357,7 +357,8 @@ static int matmul_float_act(const uint8_t *w, const float *rs, const float *x, l
 
 // The product on activations x of the compute dtype T: the tile kernels take them as they are
 // (AMX builds, from kAmxMinRows rows), so does gemm_bf16 (AVX512_BF16 builds, bfloat16 from
-// kBf16MinRows rows); the others take float32 ones, so bfloat16 rows are widened into a copy first. Returns -1 if a buffer could not be had.
+// kBf16MinRows rows); the others take float32 ones, so bfloat16 rows are widened into a copy
+// first. Returns -1 if a buffer could not be had.
 template <int QT, typename T>
 static int matmul_act(const uint8_t *w, const float *rs, const T *x, long xs, long rows, long n,
                       long k, T *out, const void *bias, int bias_dt, int nt) {

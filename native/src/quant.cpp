@@ -53,9 +53,13 @@ static const long kAct16PanelMin = LONG_MAX;
 #else
 static const long kAct16PanelMin = kPanelMin;
 #endif
-// whether a CK_ACT16 call of this many rows runs the panel kernel (AMX builds: its tile kernel,
-// where the process may use the tiles)
-static inline bool act16_on_panel(long rows) {
+// whether a CK_ACT16 call of this many rows of activations in dtype runs the panel path instead
+// (AMX builds: its tile kernel, where the process may use the tiles; AVX512_BF16 builds: bfloat16
+// rows from kBf16MinRows on gemm_bf16, matvec_bf16.h, whose weights are packed once for all rows)
+static inline bool act16_on_panel(long rows, int dtype) {
+#if defined(__AVX512BF16__)
+  if (dtype == CK_BF16 && rows >= kBf16MinRows) return true;
+#endif
 #if defined(__AMX_BF16__)
   return rows >= kAct16PanelMin && amx_ready();
 #else
@@ -666,14 +670,7 @@ int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k,
   const bool per_row = (qt & CK_PER_TOKEN) != 0, act16 = (qt & CK_ACT16) != 0;
   qt &= ~((int)CK_PER_TOKEN | (int)CK_ACT16);
 #if defined(CK_V8)
-  // bfloat16 activations on AVX512_BF16 builds: from kBf16MinRows rows gemm_bf16 (matvec_bf16.h)
-  // outruns the int16 kernel (its weights are packed once for all the rows)
-#if defined(__AVX512BF16__)
-  const bool bf16_panel = dtype == CK_BF16 && rows >= kBf16MinRows;
-#else
-  const bool bf16_panel = false;
-#endif
-  if (act16 && (bf16_panel || act16_on_panel(rows)))
+  if (act16 && act16_on_panel(rows, dtype))
     return CK_FN(dequant_matmul)(qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias,
                                  bias_dtype, nthreads);
 #endif
