@@ -119,12 +119,17 @@ def _prompts(a: argparse.Namespace, vocab: int) -> dict[str, list[list[int]]]:
 
 
 def part_engine(a: argparse.Namespace) -> dict:
-    """This engine: batch-1 decode, prefill rate and N-way throughput, graphs on or off (``a.eager``)."""
+    """This engine: batch-1 decode, prefill rate (best of 3) and N-way throughput, graphs on or off
+    (``a.eager``), decode products on the skinny-GEMM choice or cuBLAS only (``a.cublas``)."""
+    import os
+
     import engine_part
     from core.bench.throughput import run_throughput
 
     from core import LLM, SamplingParams
 
+    if a.cublas:
+        os.environ["CORE_CUDA_SKINNY_GEMM"] = "cublas"
     llm = LLM(model=a.model_dir, device=a.device, dtype=a.dtype, skip_tokenizer_init=True, enforce_eager=a.eager,
               enable_prefix_caching=False, max_num_seqs=a.num_seqs, seed=a.seed,
               max_model_len=a.prompt_len + max(a.gen_len, a.decode_tokens) + 8)  # fmt: skip
@@ -133,11 +138,14 @@ def part_engine(a: argparse.Namespace) -> dict:
               "weights_bytes": llm.engine.loaded.weights_bytes, "platform": llm.engine.platform.name}  # fmt: skip
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     llm.generate(prompt_token_ids=p["warm"], sampling_params=one.clone(max_tokens=4), use_tqdm=False)
-    start = time.perf_counter()
-    llm.generate(prompt_token_ids=p["prefill"], sampling_params=one, use_tqdm=False)
-    result["prefill_tok_s"] = a.num_seqs * a.prompt_len / (time.perf_counter() - start)
+    seconds = _timed(lambda: llm.generate(prompt_token_ids=p["prefill"], sampling_params=one, use_tqdm=False),
+                     llm.engine.platform.synchronize, 3)  # fmt: skip
+    result["prefill_tok_s"] = a.num_seqs * a.prompt_len / seconds
     tp = run_throughput(llm, a.num_seqs, a.prompt_len, a.gen_len, a.seed)
     result.update(output_tok_s=tp.output_tok_s, throughput=tp.as_dict())
+    choices = getattr(llm.engine.platform.kernels, "skinny_choices", None)
+    if choices is not None:
+        result["skinny_gemm"] = choices
     return result
 
 
@@ -174,7 +182,7 @@ def part_hf(a: argparse.Namespace) -> dict:
     first, full = seconds(p["decode"], 1, 2), seconds(p["decode"], a.decode_tokens + 1, 2)
     elapsed = seconds(p["batch"], a.gen_len, 1)
     return {"decode_tok_s": a.decode_tokens / (full - first), "output_tok_s": a.num_seqs * a.gen_len / elapsed,
-            "prefill_tok_s": a.num_seqs * a.prompt_len / seconds(p["prefill"], 1, 1), "batched_elapsed_s": elapsed}  # fmt: skip
+            "prefill_tok_s": a.num_seqs * a.prompt_len / seconds(p["prefill"], 1, 3), "batched_elapsed_s": elapsed}  # fmt: skip
 
 
 def part_parity(a: argparse.Namespace) -> dict:
@@ -313,15 +321,15 @@ def summarize(d: dict) -> tuple[list[str], list[list[str]]]:
     f, r = (lambda v: "n/a" if not v else f"{v:.1f}"), (lambda x, y: None if not x or not y else x / y)
     rows = [["physical floor", f(floor_dec), f"{1e3 / floor_dec:.3f}", "1.00", "-", f(floor_pre), "1.00", "-",
              f(ceiling), "-"]]  # fmt: skip
-    for key in ("engine:graphs", "engine:eager", "hf"):
+    for key in ("engine:graphs", "engine:cublas", "engine:eager", "hf"):
         res = d.get(key, {})
         dec, pre, tp = res.get("decode_tok_s"), res.get("prefill_tok_s"), res.get("output_tok_s")
         cells = [r(floor_dec, dec), r(dec, hf.get("decode_tok_s")), r(floor_pre, pre), r(pre, hf.get("prefill_tok_s")),
                  r(tp, hf.get("output_tok_s"))]  # fmt: skip
         x_floor, x_hf, x_pre, x_pre_hf, x_tp = ("n/a" if c is None else f"{c:.2f}" for c in cells)
-        label = ("transformers generate" if key == "hf" else f"core {key[7:]}") + (
-            " FAILED" if "error" in res else "" if key in d else " (skipped)"
-        )
+        label = {"hf": "transformers generate", "engine:cublas": "core graphs, cuBLAS only"}.get(
+            key, f"core {key[7:]}"
+        ) + (" FAILED" if "error" in res else "" if key in d else " (skipped)")
         rows.append([label, f(dec), f"{1e3 / dec:.3f}" if dec else "n/a", x_floor, x_hf, f(pre), x_pre, x_pre_hf, f(tp),
                      x_tp])  # fmt: skip
         if key == "engine:graphs":
@@ -391,7 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, help="prompt tokens of each batched request (128; --tiny 16)")
     p.add_argument("--gen-len", type=int, help="generated tokens of each batched request (256; --tiny 16)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", default="", help="comma list of parts to skip: graphs, eager, hf, profile")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: graphs, cublas, eager, hf, profile")
     p.add_argument("--part-timeout", type=int, default=240, help="seconds one part may take")
     p.add_argument("--budget-s", type=int, default=540, help="seconds all parts may take together")
     p.add_argument("--model-dir", default=None, help="where the random model is written (default: a temp dir)")
@@ -400,6 +408,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pytest-args", default="plugin_cuda/tests -q -rs", help="what --check passes to pytest")
     p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
     p.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cublas", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     decode, seqs, prompt, gen, a.copy_mib, a.matmul_sizes = SIZES["tiny" if a.tiny else "full"]
     for name, default in (("decode_tokens", decode), ("num_seqs", seqs), ("prompt_len", prompt), ("gen_len", gen)):
@@ -433,9 +442,9 @@ def benchmark(a: argparse.Namespace, argv: list[str] | None) -> int:
                "model": "tiny Qwen2" if a.tiny else "Qwen2-0.5B config, random weights"}  # fmt: skip
     d["prepare"] = run_part(a, "prepare")
     if "error" not in d["prepare"]:
-        for mode in ("graphs", "eager"):
+        for mode, flags in (("graphs", []), ("cublas", ["--cublas"]), ("eager", ["--eager"])):
             if mode not in skip:
-                d[f"engine:{mode}"] = run_part(a, "engine", *(["--eager"] if mode == "eager" else []))
+                d[f"engine:{mode}"] = run_part(a, "engine", *flags)
         if "hf" not in skip:
             d["hf"] = run_part(a, "hf")
         if "profile" not in skip:
@@ -451,6 +460,8 @@ def benchmark(a: argparse.Namespace, argv: list[str] | None) -> int:
                                (f"{a.num_seqs}-concurrency / transformers, target >= 8", "concurrency_x_hf", lambda x: x >= 8)):  # fmt: skip
             x = d["summary"][key]
             print(f"{text}: " + ("n/a" if x is None else f"{x:.2f}, {'met' if met(x) else 'NOT MET'}"))
+    for choice in d.get("engine:graphs", {}).get("skinny_gemm", []):
+        print("skinny GEMM " + ", ".join(f"{k} {v}" for k, v in choice.items()))
     prof = d.get("profile", {})
     for name, r in prof.items() if "error" not in prof else ():
         print(f"profile {name}: {r['steps']} steps, {r['wall_ms']:.1f} ms wall, {r['device_ms']:.1f} ms of kernels; "

@@ -34,7 +34,7 @@ def kernel_specs(dtype: str, head_size: int):
     import torch
     from plugin_cuda.kernels import attention_tiles
 
-    from plugin_cuda import attention, ops
+    from plugin_cuda import attention, gemv, ops
 
     ptr = f"*{dtype}"
     block_m, block_n = attention_tiles(getattr(torch, TORCH_NAME[dtype]), head_size)
@@ -58,6 +58,12 @@ def kernel_specs(dtype: str, head_size: int):
     yield ops._rotary_kernel, rotary, dict(BLOCK_H=32, BLOCK_HALF=block_d // 2), 4
     kv = {"k_ptr": ptr, "v_ptr": ptr, "kc_ptr": ptr, "vc_ptr": ptr, "slot_ptr": "*i64"}
     yield ops._write_kv_kernel, kv, dict(BLOCK_H=8, BLOCK_D=block_d), 4
+    skinny = {"x_ptr": ptr, "w_ptr": ptr, "b_ptr": ptr, "out_ptr": ptr}
+    for block_n, block_k, warps in gemv.CONFIGS:
+        for rows in (1, 2, 4, 8):
+            if rows * block_n * block_k <= gemv.MAX_TILE:
+                consts = dict(HAS_BIAS=True, M_PAD=rows, BLOCK_N=block_n, BLOCK_K=block_k)
+                yield gemv._skinny_kernel, skinny, consts, warps
     bitmask = {"logits_ptr": "*fp32", "bitmask_ptr": "*i32", "rows_ptr": "*i64"}
     yield ops._token_bitmask_kernel, bitmask, dict(BLOCK=1024), 4
 

@@ -196,3 +196,59 @@ def test_paged_attention_gpu_sizes(dtype) -> None:
     q = rand(6, 32, 128, dtype=dtype, gen=gen)
     want = REF.paged_attention(q.float(), k_cache.float(), v_cache.float(), decode, 128**-0.5)
     close(kernels.paged_attention(q, k_cache, v_cache, decode, 128**-0.5), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n,k,bias", [(24, 40, False), (37, 300, True), (9, 1000, True)])
+def test_skinny_linear(dtype, rows, n, k, bias) -> None:
+    """Every tile of the chooser's list against F.linear: partial row/column/K blocks, a
+    bias, a strided ``x`` (a view of wider rows), rows padded to the next power of two."""
+    from plugin_cuda.gemv import CONFIGS, DEFAULT_CONFIG, MAX_TILE, skinny_linear
+
+    gen = torch.Generator().manual_seed(rows * n + k)
+    x = rand(rows, k + 8, dtype=dtype, gen=gen)[:, 3 : 3 + k]
+    w = rand(n, k, dtype=dtype, gen=gen, scale=k**-0.5)
+    b = rand(n, dtype=dtype, gen=gen) if bias else None
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    pad = 1 << (rows - 1).bit_length()
+    for config in {DEFAULT_CONFIG, *(c for c in CONFIGS if pad * c[0] * c[1] <= MAX_TILE)}:
+        close(skinny_linear(x, w, b, config), want, dtype)
+
+
+def test_skinny_linear_routing(kernels) -> None:
+    """``linear`` takes the skinny kernel for up to 8 rows when asked (``skinny_gemm="triton"``),
+    cuBLAS (the reference) beyond that; the default ``auto`` never times off-GPU; a bad mode is refused."""
+    from plugin_cuda import gemv
+
+    gen = torch.Generator().manual_seed(3)
+    w, b = rand(16, 32, gen=gen), rand(16, gen=gen)
+    forced = CudaKernels(skinny_gemm="triton")
+    calls = []
+    real = gemv.skinny_linear
+    try:
+        gemv.skinny_linear = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+        for rows in (1, 8, 9):
+            x = rand(rows, 32, gen=gen)
+            close(forced.linear(x, w, b), REF.linear(x, w, b), torch.float32)
+        assert calls == [1, 8]
+        close(CudaKernels(skinny_gemm="cublas").linear(x[:2], w, b), REF.linear(x[:2], w, b), torch.float32)
+        assert calls == [1, 8]
+        if not HAS_GPU:
+            kernels.linear(x[:1], w, b)
+            assert calls == [1, 8] and not kernels._skinny.choices
+    finally:
+        gemv.skinny_linear = real
+    with pytest.raises(ValueError, match="skinny_gemm must be one of auto, triton, cublas"):
+        CudaKernels(skinny_gemm="cutlass")
+
+
+@pytest.mark.gpu
+def test_skinny_chooser_times_on_gpu() -> None:
+    """On a GPU, ``auto`` times a decode shape once and keeps a choice whose answer is right."""
+    kernels = CudaKernels()
+    gen = torch.Generator().manual_seed(4)
+    x, w = rand(1, 896, dtype=torch.bfloat16, gen=gen), rand(1152, 896, dtype=torch.bfloat16, gen=gen, scale=0.03)
+    close(kernels.linear(x, w), REF.linear(x, w), torch.bfloat16)
+    (choice,) = kernels._skinny.choices.values()
+    assert choice.cublas_us > 0 and choice.skinny_us > 0

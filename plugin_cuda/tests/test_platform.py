@@ -110,6 +110,7 @@ def test_env_parsing() -> None:
         "GPU_MEMORY_UTILIZATION": 0.9,
         "CUDA_ATTENTION_BACKEND": "triton",
         "CUDA_KERNELS": "triton",
+        "CUDA_SKINNY_GEMM": "auto",
         "CUDA_DECODE_SPLIT_TOKENS": 256,
     }
     got = plat.read_env({"CORE_CUDA_GRAPH_SIZES": "8, 1,2,8", "VLLM_GPU_MEMORY_UTILIZATION": "0.5"})
@@ -126,6 +127,7 @@ def test_env_parsing() -> None:
         ("VLLM_GPU_MEMORY_UTILIZATION", "lots", "VLLM_GPU_MEMORY_UTILIZATION"),
         ("CORE_CUDA_ATTENTION_BACKEND", "flash", "is not one of: triton, reference"),
         ("CORE_CUDA_DECODE_SPLIT_TOKENS", "100", "multiple of 16"),
+        ("CORE_CUDA_SKINNY_GEMM", "cutlass", "is not one of: auto, triton, cublas"),
     ],
 )
 def test_env_bad_values(name, text, message) -> None:

@@ -12,6 +12,7 @@ from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
 
 BACKENDS = ("triton", "reference")
+SKINNY_GEMM = ("auto", "triton", "cublas")
 
 
 def _unit_last_stride(*tensors: torch.Tensor) -> bool:
@@ -42,6 +43,9 @@ class CudaKernels(Kernels):
     :param num_sms: multiprocessors to fill (default: the current GPU's; 4 off-GPU).
     :param tiles: ``(block_m, block_n)``, queries per prefill program and keys per
         attention tile; default :func:`attention_tiles` (16, 16 off-GPU).
+    :param skinny_gemm: products of up to 8 rows (decode): ``"auto"`` times the Triton skinny
+        kernel against cuBLAS per shape and keeps the faster, ``"triton"`` or ``"cublas"``
+        always (:class:`plugin_cuda.gemv.SkinnyChooser`).
     """
 
     def __init__(
@@ -51,10 +55,15 @@ class CudaKernels(Kernels):
         decode_split_tokens: int = 256,
         num_sms: int | None = None,
         tiles: tuple[int, int] | None = None,
+        skinny_gemm: str = "auto",
     ) -> None:
-        for label, value in (("attention_backend", attention_backend), ("ops_backend", ops_backend)):
-            if value not in BACKENDS:
-                raise ValueError(f"{label} must be one of {', '.join(BACKENDS)}; got {value!r}")
+        for label, value, allowed in (
+            ("attention_backend", attention_backend, BACKENDS),
+            ("ops_backend", ops_backend, BACKENDS),
+            ("skinny_gemm", skinny_gemm, SKINNY_GEMM),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{label} must be one of {', '.join(allowed)}; got {value!r}")
         on_gpu = torch.cuda.is_available()
         self.attention_backend = attention_backend
         self.ops_backend = ops_backend
@@ -62,6 +71,8 @@ class CudaKernels(Kernels):
         self.num_sms = num_sms or (torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4)
         # the interpreter pays per program and per op: small tiles keep CPU tests fast
         self.tiles = tiles or (None if on_gpu else (16, 16))
+        self.skinny_gemm = skinny_gemm
+        self._skinny = None  # the SkinnyChooser, made on the first product (it imports Triton)
 
     @property
     def is_graph_safe(self) -> bool:
@@ -70,6 +81,18 @@ class CudaKernels(Kernels):
         The reference attention plans on the host lists, which a graph would freeze.
         """
         return self.attention_backend == "triton"
+
+    @property
+    def skinny_choices(self) -> list[dict]:
+        """What each decode product shape timed so far runs, with the times seen (``auto`` mode)."""
+        if self._skinny is None:
+            return []
+        return [
+            {"rows": rows, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "bias": bias,
+             "runs": "cuBLAS" if c.config is None else f"skinny {c.config}",
+             "skinny_us": round(c.skinny_us, 2), "cublas_us": round(c.cublas_us, 2)}
+            for (rows, n, k, dtype, bias), c in self._skinny.choices.items()
+        ]  # fmt: skip
 
     def _triton_ops(self, *tensors: torch.Tensor) -> bool:
         return self.ops_backend == "triton" and _unit_last_stride(*tensors)
@@ -110,6 +133,26 @@ class CudaKernels(Kernels):
 
         out = ops.silu_and_mul(x.reshape(-1, x.shape[-1]))
         return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+    def linear(self, x, weight, bias=None):
+        """Decode-sized products (see ``skinny_gemm``) on the Triton skinny kernel where it is
+        faster; everything else through the reference (cuBLAS)."""
+        if (
+            self.ops_backend == "triton"
+            and isinstance(weight, torch.Tensor)
+            and x.dim() == 2
+            and x.dtype == weight.dtype
+            and _unit_last_stride(x)
+            and weight.is_contiguous()
+        ):
+            from plugin_cuda.gemv import SkinnyChooser, skinny_linear
+
+            if self._skinny is None:
+                self._skinny = SkinnyChooser(self.skinny_gemm)
+            config = self._skinny.config(x, weight, bias)
+            if config is not None:
+                return skinny_linear(x, weight, bias, config)
+        return super().linear(x, weight, bias)
 
     def apply_token_bitmask(self, logits, bitmask, rows):
         """Triton: one program per (row, block of tokens), the bitmask copied to the device once."""

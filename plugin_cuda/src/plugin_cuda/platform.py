@@ -112,6 +112,7 @@ class CudaPlatform(plugins.Platform):
             attention_backend=self.env["CUDA_ATTENTION_BACKEND"],
             ops_backend=self.env["CUDA_KERNELS"],
             decode_split_tokens=self.env["CUDA_DECODE_SPLIT_TOKENS"],
+            skinny_gemm=self.env["CUDA_SKINNY_GEMM"],
         )
 
     def make_memory_profiler(self):

@@ -55,6 +55,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
         choices=("triton", "reference"),
     ),
     EnvVar(
+        "CUDA_SKINNY_GEMM",
+        str,
+        "auto",
+        "products of up to 8 rows (decode batches): auto times the Triton skinny kernel against "
+        "cuBLAS per weight shape at start-up and keeps the faster; triton or cublas always",
+        choices=("auto", "triton", "cublas"),
+    ),
+    EnvVar(
         "CUDA_DECODE_SPLIT_TOKENS",
         parse_split_tokens,
         256,
