@@ -8,12 +8,25 @@
 #include "kernels.h"
 
 // Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
-struct CKLinear {  // y = x @ W^T (+ bias), W in weight format qt (blocks.h)
+struct CKLoRAStep {  // the step's rows -> adapter slots, shared by the model's adapted linears
+  const int64_t *row_slots;  // [num_rows], -1: a base row; NULL: the step has no adapter rows
+  long num_rows;
+};
+
+struct CKLoRA {  // a linear's adapter slots (lora.cpp): its outputs are num_parts parts
+  const void *a;     // [num_slots, num_parts * rank, k] (dtype): part i's A in rows i * rank ..
+  const void *b[3];  // part i's B [num_slots, n[i], rank] (dtype, scale folded in)
+  long n[3], num_parts, rank, num_slots;
+  const CKLoRAStep *step;
+};
+
+struct CKLinear {  // y = x @ W^T (+ bias) (+ the step's LoRA deltas), W in weight format qt (blocks.h)
   const void *w;
   const float *scales;  // per-row scales of CK_INT8, else NULL
   const void *bias;     // NULL if none
   long n, k;
   int qt, bias_dtype;  // an x8 format takes int8 activations (quant.cpp)
+  const CKLoRA *lora;  // NULL: no adapters on this linear
 };
 
 struct CKLayer {
@@ -45,9 +58,26 @@ struct CKStep {
 
 namespace CK_NS {
 
+// out[t] += the LoRA delta of x[t] for the step's adapter rows (x [rows, k], out [rows, l.n])
+static int add_lora(const CKLinear &l, int dtype, const void *x, long rows, void *out, int nt) {
+  const CKLoRA &lo = *l.lora;
+  const long r_total = lo.num_parts * lo.rank, esize = dtype == CK_F32 ? 4 : 2;
+  rows = rows < lo.step->num_rows ? rows : lo.step->num_rows;
+  float *h = (float *)malloc(sizeof(float) * (rows * r_total + 1));
+  if (!h) return -1;
+  int status = CK_FN(lora_shrink)(dtype, x, l.k, rows, lo.a, r_total, l.k, lo.step->row_slots, h, nt);
+  for (long i = 0, offset = 0; i < lo.num_parts && !status; offset += lo.n[i++])
+    status = CK_FN(lora_expand)(dtype, (char *)out + offset * esize, l.n, h + i * lo.rank, r_total, lo.b[i],
+                                lo.n[i], lo.rank, lo.step->row_slots, rows, lo.num_slots, nt);
+  free(h);
+  return status ? -1 : 0;
+}
+
 static int linear(const CKLinear &l, int dtype, const void *x, long rows, void *out, int nt) {
-  return CK_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
-                         l.bias_dtype, nt);
+  const int status = CK_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias,
+                                   l.bias_dtype, nt);
+  if (status || !l.lora || !l.lora->step->row_slots) return status;
+  return add_lora(l, dtype, x, rows, out, nt);
 }
 
 }  // namespace CK_NS

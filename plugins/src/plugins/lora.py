@@ -7,6 +7,9 @@ row ``t`` is ``B[s] @ (A[s] @ x[t])`` with ``s = slot of t``. It is computed in 
 (punica's *shrink* and *expand*), so a fused projection (q/k/v, gate/up) shrinks once over
 its slices' stacked ``A`` and expands each slice into its own output columns.
 ``Kernels.lora_shrink`` / ``Kernels.lora_expand`` default to :func:`shrink` / :func:`expand`.
+A runner that runs the model natively reads a linear's slots from its description
+(:class:`LoRAWeights`, ``plugins.model.LinearWeights.lora``) and the step's rows from
+``ModelInputs.lora``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class LoRAWeights:
+    """One adapted linear's slots, as a native runner reads them (the tensors core updates in place
+    when an adapter takes a slot, so pointers to them stay valid).
+
+    :ivar a: ``[S, len(b) * rank, in]``: part ``i``'s ``A`` in rows ``i * rank`` to ``(i + 1) * rank``.
+    :ivar b: part ``i``'s ``B`` ``[S, N_i, rank]`` (scale folded in); the parts are the linear's
+        outputs in order (q, k, v of a fused qkv; gate, up; one part otherwise).
+    :ivar rank: ``R``, the largest rank an adapter may have (smaller ones zero-padded).
+    """
+
+    a: torch.Tensor
+    b: tuple[torch.Tensor, ...]
+    rank: int
 
 
 @dataclass(frozen=True)

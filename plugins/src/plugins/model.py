@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from plugins.lora import LoRAWeights
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,15 @@ class LinearWeights:
     :ivar weight: the weight as the platform's ``Kernels.prepare_linear`` returned it
         (a ``[out, in]`` tensor, or the platform's own prepared/quantized object).
     :ivar bias: ``[out]`` or None.
+    :ivar lora: the linear's LoRA adapter slots (:class:`plugins.lora.LoRAWeights`), None when
+        LoRA is off: a step's adapter rows (``ModelInputs.lora``) add their deltas to the output.
     """
 
     weight: Any
     bias: torch.Tensor | None
     in_features: int
     out_features: int
+    lora: LoRAWeights | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from plugins.lora import LoRAMapping
+from plugins.lora import LoRAMapping, LoRAWeights
 
 #: peft module name -> (the model's linear holding it, which part of that linear's outputs)
 MODULE_PARTS = {
@@ -61,6 +61,10 @@ class StackedLoRA:
             r = a.shape[0]
             self.a[slot, part * self.rank : part * self.rank + r].copy_(a)
             self.b[part][slot, :, :r].copy_(b)
+
+    def describe(self) -> LoRAWeights:
+        """The slots as the SDK describes them to native runners (the same tensors, not copies)."""
+        return LoRAWeights(self.a, tuple(self.b), self.rank)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the base linear's output for ``x``) plus the step's adapter deltas, in place."""

@@ -38,7 +38,8 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 def _linear(module: Linear) -> LinearWeights:
-    return LinearWeights(module.weight, module.bias, module.in_features, module.out_features)
+    lora = module.lora and module.lora.describe()
+    return LinearWeights(module.weight, module.bias, module.in_features, module.out_features, lora)
 
 
 def _describe_mlp(mlp: nn.Module) -> dict[str, Any]:

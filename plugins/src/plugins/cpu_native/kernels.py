@@ -16,6 +16,7 @@ from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F16, IsaTable, NativeLi
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
 from plugins.kernels import Kernels
 from plugins.kv_cache import calibrate
+from plugins.lora import LoRAMapping
 
 #: the one-byte cache dtype codes of native/src/fp8.h
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
@@ -57,6 +58,11 @@ def _empty(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 def _heads_view(x: torch.Tensor) -> bool:
     """Whether ``x [T, H, D]`` has contiguous heads (any token stride)."""
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def _row_slots(slots: torch.Tensor) -> bool:
+    """Whether a LoRA mapping's ``row_slots`` are as the native kernels read them (contiguous int64)."""
+    return slots.dtype == torch.int64 and slots.is_contiguous() and slots.device.type == "cpu"
 
 
 class NativeCpuKernels(QuantLinearMixin, Kernels):
@@ -240,3 +246,38 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         if unread:  # cache_code() names only the pairs the kernel reads
             raise ValueError(f"the native paged_attention does not read a {k_cache.dtype} cache under {q.dtype}")
         return out
+
+    def lora_shrink(self, x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+        """Native (native/src/lora.cpp): each adapter row's ``rank`` dots over the input features."""
+        dt, rows = NATIVE_DTYPES.get(x.dtype), _rows(x)
+        slots = mapping.row_slots
+        r_total, in_features = lora_a.shape[1], lora_a.shape[2]
+        if (
+            dt is None or rows is None or x.dim() != 2 or rows[1] != in_features or x.shape[0] < mapping.num_rows
+            or lora_a.dtype != x.dtype or not lora_a.is_contiguous() or not _row_slots(slots)
+        ):  # fmt: skip
+            return super().lora_shrink(x, lora_a, mapping)
+        # rows past the mapping's (a runner's padding) are base rows: zeros
+        h = (torch.zeros if x.shape[0] > mapping.num_rows else torch.empty)(x.shape[0], r_total, dtype=torch.float32)
+        self.lib.lora_shrink(dt, x.data_ptr(), rows[2], mapping.num_rows, lora_a.data_ptr(), r_total, in_features,
+                             slots.data_ptr(), h.data_ptr(), self.num_threads)  # fmt: skip
+        return h
+
+    def lora_expand(
+        self, y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, mapping: LoRAMapping, offset: int = 0
+    ) -> None:
+        """Native (native/src/lora.cpp): a slot's rows per block of outputs, ``B``'s block read once."""
+        dt, (num_slots, n, rank) = NATIVE_DTYPES.get(y.dtype), lora_b.shape
+        if (
+            dt is None or y.dim() != 2 or y.stride(1) != 1 or lora_b.dtype != y.dtype or not lora_b.is_contiguous()
+            or h.dtype != torch.float32 or h.stride(1) != 1 or h.shape[1] != rank or rank > self.lib.lora_max_rank()
+            or min(y.shape[0], h.shape[0]) < mapping.num_rows or y.shape[1] < offset + n
+            or not _row_slots(mapping.row_slots)
+        ):  # fmt: skip
+            return super().lora_expand(y, h, lora_b, mapping, offset)
+        status = self.lib.lora_expand(
+            dt, y.data_ptr() + offset * y.element_size(), y.stride(0), h.data_ptr(), h.stride(0), lora_b.data_ptr(),
+            n, rank, mapping.row_slots.data_ptr(), mapping.num_rows, num_slots, self.num_threads,
+        )  # fmt: skip
+        if status:
+            raise MemoryError("the native lora_expand could not allocate its row groups")

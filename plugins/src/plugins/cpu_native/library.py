@@ -116,6 +116,11 @@ _SIGNATURES = {
     # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
     # (native/src/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
     "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
+    # dtype, x, x_stride, rows, a, r_total, in, row_slots, h, nthreads (native/src/lora.cpp)
+    "lora_shrink": (c_int, [c_int, _P, c_long, c_long, _P, c_long, c_long, _P, _P, c_int]),
+    # dtype, y, y_stride, h, h_stride, b, n, rank, row_slots, rows, num_slots, nthreads
+    "lora_expand": (c_int, [c_int, _P, c_long, _P, c_long, _P, c_long, c_long, _P, c_long, c_long, c_int]),
+    "lora_max_rank": (c_long, []),
     # decoder, step, nthreads (native/src/decode.cpp; structures in runner.py)
     "decode": (c_int, [_P, _P, c_int]),
 }

@@ -8,7 +8,8 @@ kernels themselves. :class:`FusedDecoder` hands the same kernels, in the same or
 call and gives the eager result exactly. It is CPU graph capture in all but name,
 without padding or fixed batch sizes: built in :meth:`NativeCpuRunner.prepare`, used for
 every step; models that do not describe themselves, or that it cannot run, run eagerly, as
-do steps with LoRA adapter rows.
+and steps with LoRA adapter rows add their deltas natively (native/src/lora.cpp) after each
+adapted projection, within rounding of the eager sums.
 """
 
 from __future__ import annotations
@@ -23,16 +24,28 @@ from plugins.config import EngineConfigView
 from plugins.cpu_native.kernels import cache_code
 from plugins.cpu_native.library import F32W
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
+from plugins.lora import LoRAWeights
 from plugins.model import LinearWeights, ModelDescription
 from plugins.runner import ModelInputs, Runner
 
 logger = logging.getLogger(__name__)
 
 
+class _LoRAStep(Structure):
+    _fields_ = [("row_slots", c_void_p), ("num_rows", c_long)]
+
+
+class _LoRA(Structure):
+    _fields_ = [
+        ("a", c_void_p), ("b", c_void_p * 3), ("n", c_long * 3), ("num_parts", c_long), ("rank", c_long),
+        ("num_slots", c_long), ("step", POINTER(_LoRAStep)),
+    ]  # fmt: skip
+
+
 class _Linear(Structure):
     _fields_ = [
         ("w", c_void_p), ("scales", c_void_p), ("bias", c_void_p), ("n", c_long), ("k", c_long),
-        ("qt", c_int), ("bias_dtype", c_int),
+        ("qt", c_int), ("bias_dtype", c_int), ("lora", POINTER(_LoRA)),
     ]  # fmt: skip
 
 
@@ -94,6 +107,20 @@ def _linear(linear: LinearWeights, what: str) -> _Linear:
     return _Linear(ptr, scales or None, bias_ptr, n, k, code, bias_dt)
 
 
+def _lora(lora: LoRAWeights, linear: LinearWeights, dtype: torch.dtype, max_rank: int, step: _LoRAStep,
+          what: str) -> _LoRA:  # fmt: skip
+    """The native description of a linear's adapter slots (pointers to the tensors core updates in place)."""
+    a, b, rank = lora.a, lora.b, lora.rank
+    _need(1 <= len(b) <= 3 and rank <= max_rank, f"{what} LoRA: {len(b)} parts of rank {rank} (native: 1-3, <= "
+          f"{max_rank})")  # fmt: skip
+    sizes = [part.shape[1] for part in b]
+    _need(tuple(a.shape[1:]) == (len(b) * rank, linear.in_features) and sum(sizes) == linear.out_features,
+          f"{what} LoRA shapes")  # fmt: skip
+    parts = [_dense(part, dtype, f"{what} LoRA B") for part in b]
+    return _LoRA(_dense(a, dtype, f"{what} LoRA A"), (c_void_p * 3)(*parts), (c_long * 3)(*sizes), len(b), rank,
+                 a.shape[0], ctypes.pointer(step))  # fmt: skip
+
+
 class FusedDecoder:
     """One native call per forward pass of a Llama-family model (any batch of a step),
     from the model's explicit description (:class:`plugins.model.ModelDescription`).
@@ -124,6 +151,8 @@ class FusedDecoder:
         shapes = {"qkv": (hidden, q_size + 2 * kv_size), "o": (q_size, hidden), "gate_up": (hidden, 2 * inter),
                   "down": (inter, hidden)}  # fmt: skip
         self._layers = (_Layer * len(layers))()
+        self._lora_step = _LoRAStep()  # the step's rows -> slots, set by each call with adapter rows
+        self._loras: list[_LoRA] = []  # kept alive: the layers point at them
         for i, layer in enumerate(layers):
             k_cache, v_cache = layer.k_cache, layer.v_cache
             _need(k_cache.shape == k_cache0.shape == v_cache.shape, "same KV cache shape per layer")
@@ -136,7 +165,12 @@ class FusedDecoder:
             for name in ("qkv", "o", "gate_up", "down"):
                 linear = getattr(layer, name)
                 _need((linear.in_features, linear.out_features) == shapes[name], f"layer {i} {name} shape")
-                setattr(entry, name, _linear(linear, f"layer {i} {name}"))
+                native = _linear(linear, f"layer {i} {name}")
+                if linear.lora is not None:
+                    self._loras.append(_lora(linear.lora, linear, dtype, kernels.lib.lora_max_rank(), self._lora_step,
+                                             f"layer {i} {name}"))  # fmt: skip
+                    native.lora = ctypes.pointer(self._loras[-1])
+                setattr(entry, name, native)
             entry.k_cache = _dense(k_cache, cache_dtype, f"layer {i} K cache")
             entry.v_cache = _dense(v_cache, cache_dtype, f"layer {i} V cache")
             if layer.kv_scale is not None:
@@ -164,7 +198,7 @@ class FusedDecoder:
         meta = inputs.attn_metadata
         return (
             inputs.num_tokens > 0
-            and inputs.lora is None  # the native decoder adds no LoRA deltas
+            and (inputs.lora is None or (bool(self._loras) and inputs.lora.num_rows == inputs.num_tokens))
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
             and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.query_start_loc, meta.seq_lens))
@@ -180,6 +214,9 @@ class FusedDecoder:
             meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
             meta.block_tables.stride(0), tokens, len(meta.seq_lens_host), out.data_ptr(),
         )  # fmt: skip
+        lora = inputs.lora
+        self._lora_step.row_slots = None if lora is None else lora.row_slots.data_ptr()
+        self._lora_step.num_rows = 0 if lora is None else lora.num_rows
         status = self._fn(self._decoder_ref, ctypes.byref(step), self.kernels.num_threads)
         if status == -2:
             raise IndexError(f"token id outside the vocabulary of {self._decoder.vocab}")
@@ -217,11 +254,6 @@ class NativeCpuRunner(Runner):
             logger.info("%s runner: eager, the native decoder does not run this model: %s", self.platform.name, exc)
             return
         logger.info("%s runner: each step as one native call", self.platform.name)
-        if config is not None and config.enable_lora:
-            logger.info(
-                "%s runner: steps with LoRA adapter rows run eagerly (the native decoder has no LoRA products)",
-                self.platform.name,
-            )
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         fused = self.fused
