@@ -103,6 +103,10 @@ class BlockManager:
         """
         return len(self._match_blocks(seq)) * self.block_size
 
+    def holds(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``seq``'s blocks already hold its first ``num_tokens`` tokens (no allocation needed)."""
+        return num_tokens <= len(seq.block_table) * self.block_size
+
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether ``seq``'s block table can grow to hold its first ``num_tokens`` tokens.
 

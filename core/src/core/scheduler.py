@@ -266,6 +266,11 @@ class Scheduler:
                     scheduled.add(seq.seq_id)
                     budget -= num_new + len(draft)
                     continue
+            if self.block_manager.holds(seq, num_tokens):  # most decode steps: no new block, nothing to check
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                scheduled.add(seq.seq_id)
+                budget -= num_new
+                continue
             while not self.block_manager.can_allocate(seq, num_tokens):
                 # the latest sequence not scheduled in this step (``seq`` itself at the latest)
                 victim = next(s for s in reversed(self._running) if s.seq_id not in scheduled)
