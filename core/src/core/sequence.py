@@ -57,12 +57,17 @@ class SequenceStatus(enum.Enum):
     @property
     def is_finished(self) -> bool:
         """True for the ``FINISHED_*`` members."""
-        return self.name.startswith("FINISHED_")
+        return self in FINISHED
 
     @property
     def finish_reason(self) -> str | None:
         """OpenAI/vLLM ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``), None while live."""
         return self.value if self.is_finished else None
+
+
+#: the ``FINISHED_*`` members (a set lookup: ``name`` is a descriptor call on every enum access,
+#: and a sequence's status is read several times per sequence per step)
+FINISHED = frozenset(s for s in SequenceStatus if s.name.startswith("FINISHED_"))
 
 
 @dataclass(eq=False)
@@ -130,7 +135,7 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         """True once the sequence has a ``FINISHED_*`` status."""
-        return self.status.is_finished
+        return self.status in FINISHED
 
     @property
     def finish_reason(self) -> str | None:
