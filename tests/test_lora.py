@@ -82,6 +82,24 @@ def test_mixed_batch_matches_peft(tiny, device):
     assert_no_leak(llm)
 
 
+@pytest.mark.slow  # two spawned workers import torch and transformers
+@pytest.mark.parametrize("device", ["reference", "auto"])
+def test_tensor_parallel_mixed_batch_matches_peft(tiny, device):
+    """TP=2: each rank holds its part of every adapter (B's rows of q/k/v and gate/up, A's columns of
+    o and down); base and both adapters in one batch each get peft's answer."""
+    root, requests, expected = tiny
+    llm = engine(root, device, max_loras=3, tensor_parallel_size=2, distributed_executor_backend="mp",
+                 max_model_len=128, kv_cache_bytes=1 << 22)  # fmt: skip
+    try:
+        names = [None, *requests]
+        loras = [requests.get(n) for n in names for _ in PROMPTS]
+        outs = llm.generate(prompt_token_ids=[p for _ in names for p in PROMPTS], sampling_params=GREEDY,
+                            lora_request=loras, use_tqdm=False)  # fmt: skip
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [t for n in names for t in expected[n]]
+
+
 def test_max_loras_bounds_each_step(tiny, monkeypatch):
     """With max_loras=1, two adapters and the base model in flight: one adapter a step, all answers right."""
     root, requests, expected = tiny

@@ -93,10 +93,6 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
         raise ValueError(f"max_cpu_loras ({settings.max_cpu_loras}) must be >= max_loras ({settings.max_loras})")
-    if settings.enable_lora and settings.tensor_parallel_size > 1:
-        raise ValueError(
-            "enable_lora: LoRA adapters are not split over tensor-parallel ranks yet (tensor_parallel_size 1)"
-        )
 
 
 def _merge_overrides(view: EngineConfigView, overrides: dict[str, Any], source: str) -> EngineConfigView:

@@ -33,6 +33,7 @@ class LoRAManager:
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
         self.num_layers = model.num_layers
+        self.plan = model.tp.plan  # a tensor-parallel rank holds its part of each adapter, as of each layer
         self.context, self.stacks = attach(model, max_loras, max_lora_rank)
         self._loaded: OrderedDict[int, tuple[LoRARequest, Grouped]] = OrderedDict()  # least recently used first
         self._slot_of: dict[int, int] = {}  # adapter id -> slot holding it
@@ -115,6 +116,7 @@ class LoRAManager:
             if stack is None:
                 what = f"layer {layer}" if layer >= self.num_layers else f"layer {layer}'s {module}"
                 raise ValueError(f"{where} adapts {what}, which the model (of {self.num_layers} layers) lacks")
+            a, b = self._shard(where, layer, module, a, b)
             if a.shape[1] != stack.in_features or b.shape[0] != stack.parts[part]:
                 raise ValueError(
                     f"{where}: layer {layer} {module} maps {a.shape[1]} -> {b.shape[0]} features, "
@@ -122,3 +124,23 @@ class LoRAManager:
                 )
             grouped.setdefault((layer, path), {})[part] = (a, b)
         return grouped
+
+    def _shard(self, where: str, layer: int, module: str, a: torch.Tensor,
+               b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """This rank's part of a module's ``(A, B)``, split as the module's weight is: a column-parallel
+        projection (output rows split) keeps its rows of ``B``; a row-parallel one (o, down: input
+        columns split, the ranks' outputs summed after it) its columns of ``A``, so the ranks'
+        partial deltas sum to the whole one. Unsplit: both whole."""
+        group = MODULE_PARTS[module][0].split(".")[0]  # self_attn or mlp
+        part = self.plan.slice_for(f"model.layers.{layer}.{group}.{module}.weight")
+        if part is None:
+            return a, b
+        size = b.shape[0] if part.dim == 0 else a.shape[1]
+        # the last rank's part ends where the whole dimension does: ranks' errors are all reported
+        if size < part.stop or (self.plan.rank == self.plan.world_size - 1 and size != part.stop):
+            what, least = "output" if part.dim == 0 else "input", "" if size > part.stop else "at least "
+            raise ValueError(f"{where}: layer {layer} {module} has {size} {what} features, the model's (split over "
+                             f"{self.plan.world_size} ranks) {least}{part.stop}")  # fmt: skip
+        if part.dim == 0:
+            return a, b[part.start : part.stop]
+        return a[:, part.start : part.stop], b
