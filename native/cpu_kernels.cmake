@@ -61,7 +61,7 @@ function(ck_add_kernels target arch output)
   list(TRANSFORM kernel_sources PREPEND ${CK_SOURCE_DIR}/)
 
   add_library(${target} SHARED ${CK_SOURCE_DIR}/features_${arch}.cpp ${CK_SOURCE_DIR}/features.cpp
-              ${CK_SOURCE_DIR}/pool.cpp
+              ${CK_SOURCE_DIR}/pool.cpp ${CK_SOURCE_DIR}/shm_comm.cpp
               ${CK_SOURCE_DIR}/bind.cpp)
   foreach(isa ${CK_${arch}_ISAS})
     set(obj ${target}_${isa})

@@ -47,6 +47,13 @@ struct CKDecoder {
   int dtype, norm_dtype, cos_sin_dtype;
   int cache_dtype;  // dtype, bfloat16 or float16 under float32, or a one-byte code of fp8.h
   long window;      // every layer's attention window (Mistral's sliding window), 0: none
+  // tensor parallel: embed holds rows [vocab_start, vocab_start + vocab) of a vocabulary of
+  // vocab_total ids (an id outside them embeds as zeros), and all_reduce(comm, buf, count,
+  // dtype) sums count elements in place over the ranks (nonzero: it failed). Unsplit:
+  // vocab_start 0, vocab_total vocab, all_reduce NULL.
+  long vocab_start, vocab_total;
+  int (*all_reduce)(void *comm, void *buf, long count, int dtype);
+  void *comm;
 };
 
 struct CKStep {
@@ -89,13 +96,13 @@ extern "C" {
 // Runs the decoder on step->tokens tokens; writes step->out. Returns 0, -1 when a
 // buffer could not be allocated, -2 for a token id outside the vocabulary, -3 for a
 // slot outside the KV cache, -4 for a cache dtype the cache writes or paged_attention do not
-// take under dtype.
+// take under dtype, -5 when the tensor-parallel all-reduce failed.
 int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   const long t = s->tokens, h = m->hidden, d = m->head_dim;
   const long q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_size = q_size + 2 * kv_size;
   const long esize = m->dtype == CK_F32 ? 4 : 2;
   for (long i = 0; i < t; ++i)
-    if (s->ids[i] < 0 || s->ids[i] >= m->vocab) return -2;
+    if (s->ids[i] < 0 || s->ids[i] >= m->vocab_total) return -2;
   // [t, width] buffers (dtype): residual stream, normed input of a projection, output of
   // o_proj / down_proj, qkv, rotated q and k, attention output, gate_up, SiLU(gate) * up
   enum { RES, NORMED, PROJ, QKV, Q, K, ATTN, GATE_UP, ACT, NUM_BUFS };
@@ -106,11 +113,22 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   if (!base) return -1;
   char *b[NUM_BUFS];
   for (int i = 0; i < NUM_BUFS; ++i) b[i] = base + offsets[i];
-  for (long i = 0; i < t; ++i)
-    memcpy(b[RES] + i * h * esize, (const char *)m->embed + s->ids[i] * h * esize, h * esize);
+  for (long i = 0; i < t; ++i) {
+    const long row = s->ids[i] - m->vocab_start;
+    if (row >= 0 && row < m->vocab)
+      memcpy(b[RES] + i * h * esize, (const char *)m->embed + row * h * esize, h * esize);
+    else
+      memset(b[RES] + i * h * esize, 0, h * esize);
+  }
 
   const int dt = m->dtype, ndt = m->norm_dtype;
   int status = 0;
+  // the sum over the ranks of a row-parallel output [t, h] (the embedding, o, down)
+  auto reduce = [&](void *buf) { return m->all_reduce && m->all_reduce(m->comm, buf, t * h, dt) ? -5 : 0; };
+  if ((status = reduce(b[RES]))) {
+    free(base);
+    return status;
+  }
   for (long li = 0; li < m->num_layers; ++li) {
     const CKLayer &l = m->layers[li];
     if (li == 0)  // residual = embeddings; later layers first add the previous layer's output
@@ -141,12 +159,12 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
       status = -4;
       break;
     }
-    if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt))) break;
+    if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt)) || (status = reduce(b[PROJ]))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);
     if ((status = linear(l.gate_up, dt, b[NORMED], t, b[GATE_UP], nt))) break;
     CK_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
-    if ((status = linear(l.down, dt, b[ACT], t, b[PROJ], nt))) break;
+    if ((status = linear(l.down, dt, b[ACT], t, b[PROJ], nt)) || (status = reduce(b[PROJ]))) break;
   }
   if (!status)
     CK_FN(rms_norm)(dt, ndt, s->out, b[RES], b[PROJ], h, b[RES], h, m->final_norm, t, h,

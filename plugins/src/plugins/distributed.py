@@ -111,6 +111,12 @@ def _import_class(ref: tuple[str, str | None, str]) -> type:
     return obj
 
 
+#: the tensors :func:`check_communicator` sums and gathers: a small odd shape, one token's hidden
+#: state of a small model, and 2.4 MB (float32) that a communicator with a buffer of its own may
+#: have to pass in pieces; one after another, as the layers of a step call them
+CHECK_SHAPES = ((5, 33), (1, 576), (2, 300_000))
+
+
 def _check_rank(
     platform_ref: tuple[str, str | None, str], rank: int, world_size: int, init_method: str, results: Any
 ) -> None:
@@ -124,11 +130,12 @@ def _check_rank(
         try:
             report = {}
             for dtype in (torch.float32, torch.bfloat16):
-                gen = torch.Generator().manual_seed(1000 + rank)
-                x = torch.randn(5, 33, generator=gen).to(dtype)
-                summed = comm.all_reduce(x.clone().to(device)).cpu()
-                gathered = comm.all_gather(x.to(device), dim=-1).cpu()
-                report[str(dtype)] = (x, summed, gathered)
+                for shape in CHECK_SHAPES:
+                    gen = torch.Generator().manual_seed(1000 + rank)
+                    x = torch.randn(*shape, generator=gen).to(dtype)
+                    summed = comm.all_reduce(x.clone().to(device)).cpu()
+                    gathered = comm.all_gather(x.to(device), dim=-1).cpu()
+                    report[f"{dtype} {list(shape)}"] = (x, summed, gathered)
         finally:
             comm.close()
         # plain pickle bytes: torch's queue reduction would share memory the exiting child frees
@@ -140,11 +147,11 @@ def _check_rank(
 def check_communicator(platform_class: type, world_size: int = 2, timeout_s: float = 120.0) -> None:
     """Run a platform's communicator in ``world_size`` fresh processes and check its results.
 
-    Each rank all-reduces and all-gathers its own random tensors (float32 and bfloat16);
-    the sums must match the float32 sum of every rank's inputs and the gather their
-    concatenation in rank order.
+    Each rank all-reduces and all-gathers its own random tensors (float32 and bfloat16, of
+    each of :data:`CHECK_SHAPES`); the sums must match the float32 sum of every rank's inputs
+    and the gather their concatenation in rank order.
 
-    :raises AssertionError: naming the rank, dtype and op that gave a wrong result, a
+    :raises AssertionError: naming the rank, dtype, shape and op that gave a wrong result, a
         rank's exception, or the ranks that did not answer within ``timeout_s``.
     """
     import multiprocessing
@@ -179,7 +186,7 @@ def check_communicator(platform_class: type, world_size: int = 2, timeout_s: flo
         inputs = [reports[r][dtype][0] for r in range(world_size)]
         expected_sum = sum(x.float() for x in inputs)
         expected_gather = torch.cat(inputs, dim=-1)
-        tol = 1e-5 if dtype == "torch.float32" else 2e-2
+        tol = 1e-5 if dtype.startswith("torch.float32") else 2e-2
         for rank in range(world_size):
             _, summed, gathered = reports[rank][dtype]
             assert torch.allclose(summed.float(), expected_sum, rtol=tol, atol=tol), (

@@ -101,6 +101,13 @@ class ModelDescription:
         computed by core, outside the runner; informational).
     :ivar sliding_window: every layer's attention window (Mistral's ``sliding_window``: each
         query sees its last ``sliding_window`` positions), None for the whole context.
+    :ivar vocab_size: ids a token may have; :attr:`embedding` holds rows ``[vocab_start,
+        vocab_start + embedding.shape[0])`` of them (all of them unless tensor parallel).
+    :ivar comm: a tensor-parallel rank's communicator (:class:`plugins.distributed.Communicator`),
+        None when the model is not split. A split model's layers hold this rank's heads and part
+        of the MLP (``intermediate_size`` is this rank's part); the sums of the ranks' embedding
+        rows (an id outside :attr:`embedding`'s rows embeds as zeros), o and down projections
+        (their bias is on rank 0 alone) are the unsplit model's values (``comm.all_reduce``).
     """
 
     layers: tuple[LayerDescription, ...]
@@ -118,3 +125,5 @@ class ModelDescription:
     cos_sin: torch.Tensor
     tie_word_embeddings: bool
     sliding_window: int | None = None
+    vocab_start: int = 0
+    comm: Any | None = None

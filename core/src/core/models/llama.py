@@ -225,8 +225,9 @@ class LlamaForCausalLM(nn.Module):
             num_heads=attn0.num_heads,
             num_kv_heads=attn0.num_kv_heads,
             head_dim=self.head_size,
-            intermediate_size=config.intermediate_size,
-            vocab_size=self.embed_tokens.shape[0],
+            intermediate_size=self.tp.plan.intermediate_size,
+            # a split model's whole vocabulary; an unsplit one's the rows it holds (a padded table's too)
+            vocab_size=self.tp.plan.vocab_size if self.tp.is_sharded else self.embed_tokens.shape[0],
             rms_norm_eps=self.norm.eps,
             attn_scale=attn0.scale,
             dtype=self.dtype,
@@ -235,6 +236,8 @@ class LlamaForCausalLM(nn.Module):
             cos_sin=self.cos_sin_cache,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             sliding_window=self.layer_windows(config)[0],  # the Llama family's layers share one
+            vocab_start=self.tp.plan.vocab_start,
+            comm=self.tp.comm,
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -148,13 +148,14 @@ def _need_divisible(what: str, n: int, world_size: int) -> None:
 def slice_dense(source: Any, part: Slice | None) -> torch.Tensor:
     """Read ``part`` of a dense tensor or a lazy slice handle (safetensors ``get_slice``, mmap'd tensor).
 
-    Only the slice is read into memory; ``Slice.zero`` gives zeros of the full shape.
+    Only the slice is read into memory; ``Slice.zero`` gives zeros of the full shape. A
+    column slice is made contiguous (native kernels read a weight's rows back to back).
     """
     if part is None:
         return source[:]
     if part.zero:
         return torch.zeros_like(source[:])
-    return source[part.start : part.stop] if part.dim == 0 else source[:, part.start : part.stop]
+    return source[part.start : part.stop] if part.dim == 0 else source[:, part.start : part.stop].contiguous()
 
 
 def gguf_byte_columns(qtype: str, cols: int, part: Slice) -> tuple[int, int]:

@@ -93,6 +93,13 @@ class NativeCpuPlatform(CpuPlatform, abstract=True):
         """``"kernel_isa"``: the ISA variant the kernels run (``"avx512"``, ``"neon"``, ...)."""
         return self.kernels.isa if name == "kernel_isa" else None
 
+    def make_communicator(self, rank: int, world_size: int, init_method: str):
+        """Ranks on this host share a buffer (:class:`plugins.cpu_native.shm.SharedMemoryCommunicator`),
+        whose all-reduce the fused decoder calls in its layer loop; ranks on several hosts use gloo."""
+        from plugins.cpu_native.shm import SharedMemoryCommunicator
+
+        return SharedMemoryCommunicator(self.kernels.lib, rank, world_size, init_method)
+
     def make_runner(self):
         from plugins.cpu_native.runner import NativeCpuRunner
 

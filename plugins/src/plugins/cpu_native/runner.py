@@ -24,6 +24,7 @@ from plugins.config import EngineConfigView
 from plugins.cpu_native.kernels import cache_code
 from plugins.cpu_native.library import F32W
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
+from plugins.cpu_native.shm import SharedMemoryCommunicator
 from plugins.lora import LoRAWeights
 from plugins.model import LinearWeights, ModelDescription
 from plugins.runner import ModelInputs, Runner
@@ -63,7 +64,8 @@ class _Decoder(Structure):
         ("kv_heads", c_long), ("head_dim", c_long), ("inter", c_long), ("vocab", c_long),
         ("block_size", c_long), ("num_slots", c_long), ("embed", c_void_p), ("final_norm", c_void_p),
         ("cos_sin", c_void_p), ("eps", c_float), ("scale", c_float), ("dtype", c_int), ("norm_dtype", c_int),
-        ("cos_sin_dtype", c_int), ("cache_dtype", c_int), ("window", c_long),
+        ("cos_sin_dtype", c_int), ("cache_dtype", c_int), ("window", c_long), ("vocab_start", c_long),
+        ("vocab_total", c_long), ("all_reduce", c_void_p), ("comm", c_void_p),
     ]  # fmt: skip
 
 
@@ -121,6 +123,15 @@ def _lora(lora: LoRAWeights, linear: LinearWeights, dtype: torch.dtype, max_rank
                  a.shape[0], ctypes.pointer(step))  # fmt: skip
 
 
+def _native_all_reduce(comm: Any | None) -> tuple[int | None, int | None]:
+    """The native all-reduce of a tensor-parallel model's communicator and its handle, (None, None) unsplit."""
+    if comm is None:
+        return None, None
+    native = comm.native_all_reduce if isinstance(comm, SharedMemoryCommunicator) else None
+    _need(native is not None, f"the ranks' communicator ({type(comm).__name__}) has no native all-reduce")
+    return native
+
+
 class FusedDecoder:
     """One native call per forward pass of a Llama-family model (any batch of a step),
     from the model's explicit description (:class:`plugins.model.ModelDescription`).
@@ -175,12 +186,14 @@ class FusedDecoder:
             entry.v_cache = _dense(v_cache, cache_dtype, f"layer {i} V cache")
             if layer.kv_scale is not None:
                 entry.kv_scale = _dense(layer.kv_scale, torch.float32, f"layer {i} kv_scale")
+        all_reduce, comm = _native_all_reduce(desc.comm)
         self._decoder = _Decoder(
-            self._layers, len(layers), hidden, heads, kv_heads, d, inter, desc.vocab_size,
+            self._layers, len(layers), hidden, heads, kv_heads, d, inter, desc.embedding.shape[0],
             k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
             _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
             desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
             NATIVE_DTYPES[cos_sin.dtype], cache_code(dtype, cache_dtype), desc.sliding_window or 0,
+            desc.vocab_start, desc.vocab_size, all_reduce, comm,
         )  # fmt: skip
         self._decoder_ref = ctypes.byref(self._decoder)
         self._fn = kernels.lib.decode
@@ -224,6 +237,8 @@ class FusedDecoder:
             raise IndexError(f"slot_mapping has a slot >= the cache's {self._decoder.num_slots} slots")
         if status == -4:
             raise ValueError(f"the native decoder does not read cache dtype code {self._decoder.cache_dtype}")
+        if status == -5:
+            raise RuntimeError("the tensor-parallel all-reduce failed: another rank did not reach it in time")
         if status:
             raise MemoryError("the native decoder could not allocate its activation buffers")
         return out
@@ -242,9 +257,6 @@ class NativeCpuRunner(Runner):
         self.fused = None
         if not self.platform.env["CPU_FUSED_DECODE"]:
             logger.info("%s runner: eager (CPU_FUSED_DECODE=0)", self.platform.name)
-            return
-        if config is not None and config.tensor_parallel_size > 1:  # the native decoder has no all-reduce
-            logger.info("%s runner: eager (tensor_parallel_size=%d)", self.platform.name, config.tensor_parallel_size)
             return
         describe = getattr(model, "describe", None)
         try:
