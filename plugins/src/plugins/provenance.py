@@ -91,6 +91,18 @@ def _differing(source: Path, tested: Path) -> tuple[str, ...]:
     )
 
 
+def _installed_record(dist: importlib.metadata.Distribution) -> importlib.metadata.Distribution | None:
+    """The installer's record of ``dist``'s project; None when only a build left metadata.
+
+    ``pip install -e .`` (or any build) leaves setuptools' ``<name>.egg-info`` in the source
+    folder; where that folder is on ``sys.path`` (``python -m pytest`` run in it) the egg-info
+    shadows the install's ``dist-info``, which alone holds ``direct_url.json``. An installer
+    writes ``INSTALLER``; a build does not.
+    """
+    records = importlib.metadata.distributions(name=dist.metadata["Name"])
+    return next((record for record in records if record.read_text("INSTALLER")), None)
+
+
 def _install(top: str) -> tuple[str | None, bool | None, Path | None]:
     """``(name version, editable, local source directory)`` of the distribution providing ``top``."""
     dist = next(
@@ -102,6 +114,9 @@ def _install(top: str) -> tuple[str | None, bool | None, Path | None]:
         if not names:
             return None, None, None
         dist = importlib.metadata.distribution(names[0])
+    dist = _installed_record(dist)
+    if dist is None:
+        return None, None, None
     label = f"{dist.metadata['Name']} {dist.version}"
     text = dist.read_text("direct_url.json")
     if not text:
