@@ -1,4 +1,5 @@
-"""The Triton kernels compile to cubin for NVIDIA GPUs (no GPU needed; see compile_check.py).
+"""The Triton kernels compile to cubin for NVIDIA GPUs (no GPU needed; see
+:mod:`plugins.gpu_triton.compile_check`).
 
 By default one target (sm_90, bfloat16: what the interpreter cannot check) keeps the
 suite fast; ``PLUGIN_CUDA_COMPILE_ALL=1`` compiles sm_80/86/90 x bf16/fp16/fp32 x
@@ -10,19 +11,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("compile_check.py")
-
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "plugins.gpu_triton.compile_check", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow

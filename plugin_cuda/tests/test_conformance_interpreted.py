@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import pytest
 import torch
-from plugin_cuda.kernels import CudaKernels
 from plugin_cuda.platform import CudaPlatform
+from plugins.gpu_triton.kernels import TritonKernels
 from plugins.runner import Runner
 from plugins.testing import PlatformConformance
 
@@ -44,7 +44,7 @@ class InterpretedCudaPlatform(CudaPlatform):
         return torch.device("cpu")
 
     def make_kernels(self):
-        return CudaKernels(decode_split_tokens=16, num_sms=4)
+        return TritonKernels(decode_split_tokens=16, num_sms=4)
 
     def make_memory_profiler(self):
         from plugins.memory import MemoryProfiler

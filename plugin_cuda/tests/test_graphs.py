@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from plugin_cuda.graphs import StaticInputs, default_capture_sizes, padded_size, select_capture_sizes
-from plugin_cuda.splits import MAX_SPLITS, plan_decode_splits
 from plugins.attention import AttentionMetadata
+from plugins.gpu_triton.splits import MAX_SPLITS, plan_decode_splits
 from plugins.runner import ModelInputs, pad_inputs
 
 

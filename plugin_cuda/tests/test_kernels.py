@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plugin_cuda.kernels import CudaKernels, attention_tiles
 from plugins.attention import AttentionMetadata
+from plugins.gpu_triton.kernels import TritonKernels, attention_tiles
 from plugins.kernels import Kernels
 
 HAS_GPU = torch.cuda.is_available()
@@ -22,9 +22,9 @@ REF = Kernels()
 
 
 @pytest.fixture(scope="module")
-def kernels() -> CudaKernels:
+def kernels() -> TritonKernels:
     # small splits so that split-K decode is exercised at test sizes
-    return CudaKernels(decode_split_tokens=16, num_sms=4)
+    return TritonKernels(decode_split_tokens=16, num_sms=4)
 
 
 def rand(*shape: int, dtype=torch.float32, gen=None, scale: float = 1.0) -> torch.Tensor:
@@ -167,11 +167,11 @@ def test_decode_grid_from_host_max_reads_true_lengths_on_device(kernels) -> None
 
 
 def test_reference_backends_are_the_reference() -> None:
-    ref_kernels = CudaKernels(attention_backend="reference", ops_backend="reference")
+    ref_kernels = TritonKernels(attention_backend="reference", ops_backend="reference")
     assert not ref_kernels.is_graph_safe
-    assert CudaKernels().is_graph_safe
+    assert TritonKernels().is_graph_safe
     with pytest.raises(ValueError, match="attention_backend must be one of triton, reference"):
-        CudaKernels(attention_backend="flash")
+        TritonKernels(attention_backend="flash")
 
 
 def test_attention_tiles_fit_small_shared_memory() -> None:
@@ -185,7 +185,7 @@ def test_attention_tiles_fit_small_shared_memory() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_paged_attention_gpu_sizes(dtype) -> None:
     """Realistic sizes on the GPU with the default tiles and split planning."""
-    kernels = CudaKernels()
+    kernels = TritonKernels()
     query_lens = [1] * 6 + [300, 77]
     seq_lens = [1, 17, 1000, 4000, 129, 64, 300, 1500]
     meta, k_cache, v_cache, gen = make_batch(query_lens, seq_lens, 8, 128, 16, dtype, 11)
@@ -204,7 +204,7 @@ def test_paged_attention_gpu_sizes(dtype) -> None:
 def test_skinny_linear(dtype, rows, n, k, bias) -> None:
     """Every tile of the chooser's list against F.linear: partial row/column/K blocks, a
     bias, a strided ``x`` (a view of wider rows), rows padded to the next power of two."""
-    from plugin_cuda.gemv import CONFIGS, DEFAULT_CONFIG, MAX_TILE, skinny_linear
+    from plugins.gpu_triton.gemv import CONFIGS, DEFAULT_CONFIG, MAX_TILE, skinny_linear
 
     gen = torch.Generator().manual_seed(rows * n + k)
     x = rand(rows, k + 8, dtype=dtype, gen=gen)[:, 3 : 3 + k]
@@ -218,12 +218,13 @@ def test_skinny_linear(dtype, rows, n, k, bias) -> None:
 
 def test_skinny_linear_routing(kernels) -> None:
     """``linear`` takes the skinny kernel for up to 8 rows when asked (``skinny_gemm="triton"``),
-    cuBLAS (the reference) beyond that; the default ``auto`` never times off-GPU; a bad mode is refused."""
-    from plugin_cuda import gemv
+    cuBLAS (the reference) beyond that or with ``"cublas"``/None; the default ``auto`` never times
+    off-GPU; a bad mode is refused."""
+    from plugins.gpu_triton import gemv
 
     gen = torch.Generator().manual_seed(3)
     w, b = rand(16, 32, gen=gen), rand(16, gen=gen)
-    forced = CudaKernels(skinny_gemm="triton")
+    forced = TritonKernels(skinny_gemm="triton")
     calls = []
     real = gemv.skinny_linear
     try:
@@ -232,21 +233,23 @@ def test_skinny_linear_routing(kernels) -> None:
             x = rand(rows, 32, gen=gen)
             close(forced.linear(x, w, b), REF.linear(x, w, b), torch.float32)
         assert calls == [1, 8]
-        close(CudaKernels(skinny_gemm="cublas").linear(x[:2], w, b), REF.linear(x[:2], w, b), torch.float32)
-        assert calls == [1, 8]
+        close(TritonKernels(skinny_gemm="cublas").linear(x[:2], w, b), REF.linear(x[:2], w, b), torch.float32)
+        off = TritonKernels(skinny_gemm=None)  # xpu's choice: no chooser is ever made
+        close(off.linear(x[:2], w, b), REF.linear(x[:2], w, b), torch.float32)
+        assert calls == [1, 8] and off._skinny is None
         if not HAS_GPU:
             kernels.linear(x[:1], w, b)
             assert calls == [1, 8] and not kernels._skinny.choices
     finally:
         gemv.skinny_linear = real
     with pytest.raises(ValueError, match="skinny_gemm must be one of auto, triton, cublas"):
-        CudaKernels(skinny_gemm="cutlass")
+        TritonKernels(skinny_gemm="cutlass")
 
 
 @pytest.mark.gpu
 def test_skinny_chooser_times_on_gpu() -> None:
     """On a GPU, ``auto`` times a decode shape once and keeps a choice whose answer is right."""
-    kernels = CudaKernels()
+    kernels = TritonKernels()
     gen = torch.Generator().manual_seed(4)
     x, w = rand(1, 896, dtype=torch.bfloat16, gen=gen), rand(1152, 896, dtype=torch.bfloat16, gen=gen, scale=0.03)
     close(kernels.linear(x, w), REF.linear(x, w), torch.bfloat16)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plugin_cuda.kernels import CudaKernels
 from plugin_cuda.platform import CudaPlatform
 from plugin_cuda.runner import CudaGraphRunner, TorchCudaGraphs
 from plugins.attention import AttentionMetadata
+from plugins.gpu_triton.kernels import TritonKernels
 from plugins.kernels import Kernels
 from plugins.reference import engine_config as reference_engine_config
 from plugins.runner import ModelInputs, Runner, pad_inputs
@@ -94,7 +94,7 @@ def make_runner(kernels, monkeypatch, stand_in, sizes: str | None = "1,2,4"):
 
 
 def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch, replay_by_rerun) -> None:
-    kernels = CudaKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
+    kernels = TritonKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
     model = tiny_model(kernels)
     runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun)
     caches = filled_caches(model, 24, seed=1)
@@ -113,7 +113,7 @@ def test_replay_equals_eager_and_padding_is_cut(tiny_model, monkeypatch, replay_
 
 
 def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monkeypatch, replay_by_rerun) -> None:
-    kernels = CudaKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
+    kernels = TritonKernels(ops_backend="reference", decode_split_tokens=16, num_sms=4)
     model = tiny_model(kernels)
     runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun, sizes="1,2")
     caches = filled_caches(model, 24, seed=2)
@@ -136,7 +136,7 @@ def test_prefill_larger_batches_and_foreign_caches_run_eagerly(tiny_model, monke
     [("triton", {"enforce_eager": True}, "enforce_eager"), ("reference", {}, "not graph-safe")],
 )
 def test_no_capture_when_eager(attention, cfg, reason, tiny_model, monkeypatch, caplog, replay_by_rerun) -> None:
-    kernels = CudaKernels(attention_backend=attention, ops_backend="reference")
+    kernels = TritonKernels(attention_backend=attention, ops_backend="reference")
     model = tiny_model(kernels)
     runner, fake = make_runner(kernels, monkeypatch, replay_by_rerun)
     with caplog.at_level("INFO"):
@@ -161,7 +161,7 @@ def test_padding_equals_unpadded_on_reference_kernels(tiny_model) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_graph_replay_equals_eager_on_gpu(dtype, tiny_model, monkeypatch) -> None:
     monkeypatch.setenv("CORE_CUDA_GRAPH_SIZES", "1,2,4,8")
-    kernels = CudaKernels()
+    kernels = TritonKernels()
     model = tiny_model(kernels, dtype)
     runner = CudaGraphRunner(Platform(kernels), graphs=TorchCudaGraphs())
     caches = filled_caches(model, 24, seed=4)

@@ -1,32 +1,22 @@
-"""plugin_cuda's Triton kernels compile ahead of time for AMD Instinct targets, without a GPU.
+"""The shared Triton kernels (plugins.gpu_triton) compile ahead of time for AMD Instinct targets, without a GPU.
 
 Triton's AMD backend lowers to AMDGCN and links the hsaco with its bundled LLVM/lld,
 so no ROCm install or device is needed: gfx90a (MI200) and gfx942 (MI300) x bf16,
 head size 128 by default; ``PLUGIN_ROCM_COMPILE_ALL=1`` adds fp16/fp32 and head
-sizes 64/256. The check script is plugin_cuda's (``--arch gfx...``).
+sizes 64/256. The check is the shared kernels' (:mod:`plugins.gpu_triton.compile_check`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
-pytest.importorskip("plugin_cuda")
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     pytest.skip("TRITON_INTERPRET is set: the interpreter cannot compile for a GPU", allow_module_level=True)
 
-SCRIPT = Path(__file__).parents[2] / "plugin_cuda" / "tests" / "compile_check.py"
-
-
-def compile_all(archs, dtypes, head_sizes) -> list[str]:
-    spec = importlib.util.spec_from_file_location("compile_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compile_all(archs, dtypes, head_sizes)
+from plugins.gpu_triton.compile_check import compile_all  # noqa: E402  (after the skips)
 
 
 @pytest.mark.slow

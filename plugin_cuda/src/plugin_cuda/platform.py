@@ -106,9 +106,9 @@ class CudaPlatform(plugins.Platform):
 
     def make_kernels(self):
         """Triton kernels, or the torch reference where the env asks for it."""
-        from plugin_cuda.kernels import CudaKernels
+        from plugins.gpu_triton.kernels import TritonKernels
 
-        return CudaKernels(
+        return TritonKernels(
             attention_backend=self.env["CUDA_ATTENTION_BACKEND"],
             ops_backend=self.env["CUDA_KERNELS"],
             decode_split_tokens=self.env["CUDA_DECODE_SPLIT_TOKENS"],

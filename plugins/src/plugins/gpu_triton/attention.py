@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from plugin_cuda.splits import DecodeSplits
+from plugins.gpu_triton.splits import DecodeSplits
 
 LOG2E = 1.4426950408889634
 

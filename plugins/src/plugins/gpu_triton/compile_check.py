@@ -1,4 +1,4 @@
-"""Compile every Triton kernel of plugin_cuda for NVIDIA or AMD targets, without a GPU.
+"""Compile every shared Triton kernel for NVIDIA or AMD targets, without a GPU.
 
 Runs Triton's whole GPU pipeline for a target: TTIR -> TTGIR -> LLVM -> PTX -> cubin
 (bundled ptxas) for a compute capability such as ``90``, or LLVM -> AMDGCN -> hsaco
@@ -6,8 +6,8 @@ Runs Triton's whole GPU pipeline for a target: TTIR -> TTGIR -> LLVM -> PTX -> c
 errors, unsupported ops and shared-memory (LDS) overflows show up on a machine with
 no GPU. Must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``).
 
-    python plugin_cuda/tests/compile_check.py --arch 80 86 90 --dtype bf16 fp16 fp32
-    python plugin_cuda/tests/compile_check.py --arch gfx90a gfx942
+    python -m plugins.gpu_triton.compile_check --arch 80 86 90 --dtype bf16 fp16 fp32
+    python -m plugins.gpu_triton.compile_check --arch gfx90a gfx942
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ TORCH_NAME = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def kernel_specs(dtype: str, head_size: int):
     """``(kernel, argument types, constexprs, num_warps)`` as the wrappers launch them on a GPU."""
     import torch
-    from plugin_cuda.kernels import attention_tiles
-
-    from plugin_cuda import attention, gemv, ops
+    from plugins.gpu_triton import attention, gemv, ops
+    from plugins.gpu_triton.kernels import attention_tiles
 
     ptr = f"*{dtype}"
     block_m, block_n = attention_tiles(getattr(torch, TORCH_NAME[dtype]), head_size)

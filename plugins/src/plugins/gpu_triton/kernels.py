@@ -1,4 +1,4 @@
-"""The cuda platform's kernel set: Triton kernels with the reference's signatures.
+"""The GPU plugins' kernel set: Triton kernels with the reference's signatures.
 
 Layouts the Triton kernels do not take (a strided last dimension, K and V caches
 with different strides, a cos/sin cache of another width) fall back to the torch
@@ -7,16 +7,23 @@ reference, so every input the reference accepts stays correct.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
 
 BACKENDS = ("triton", "reference")
-SKINNY_GEMM = ("auto", "triton", "cublas")
+SKINNY_GEMM = ("auto", "triton", "cublas", None)
 
 
 def _unit_last_stride(*tensors: torch.Tensor) -> bool:
     return all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors)
+
+
+def is_interpreted() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``: CPU tensors, no GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def attention_tiles(dtype: torch.dtype, head_size: int) -> tuple[int, int]:
@@ -34,18 +41,20 @@ def attention_tiles(dtype: torch.dtype, head_size: int) -> tuple[int, int]:
     return 16, 16
 
 
-class CudaKernels(Kernels):
+class TritonKernels(Kernels):
     """Triton paged attention (prefill + split-K decode), norms, rotary, SiLU-and-mul, KV write.
 
     :param attention_backend: ``"triton"`` or ``"reference"`` (the torch reference).
     :param ops_backend: the same choice for the other ops.
     :param decode_split_tokens: fewest context tokens one decode split handles.
-    :param num_sms: multiprocessors to fill (default: the current GPU's; 4 off-GPU).
+    :param num_sms: multiprocessors (NVIDIA SMs, AMD CUs, Intel Xe-cores) that decode splits
+        fill; default: the current CUDA/HIP GPU's, else 4.
     :param tiles: ``(block_m, block_n)``, queries per prefill program and keys per
-        attention tile; default :func:`attention_tiles` (16, 16 off-GPU).
+        attention tile; default :func:`attention_tiles` (16, 16 under the interpreter).
     :param skinny_gemm: products of up to 8 rows (decode): ``"auto"`` times the Triton skinny
-        kernel against cuBLAS per shape and keeps the faster, ``"triton"`` or ``"cublas"``
-        always (:class:`plugin_cuda.gemv.SkinnyChooser`).
+        kernel against cuBLAS (CUDA graphs) per shape and keeps the faster, ``"triton"`` or
+        ``"cublas"`` always (:class:`plugins.gpu_triton.gemv.SkinnyChooser`); None: every
+        product through torch, for a platform the chooser cannot time on (xpu).
     """
 
     def __init__(
@@ -55,7 +64,7 @@ class CudaKernels(Kernels):
         decode_split_tokens: int = 256,
         num_sms: int | None = None,
         tiles: tuple[int, int] | None = None,
-        skinny_gemm: str = "auto",
+        skinny_gemm: str | None = "auto",
     ) -> None:
         for label, value, allowed in (
             ("attention_backend", attention_backend, BACKENDS),
@@ -63,14 +72,14 @@ class CudaKernels(Kernels):
             ("skinny_gemm", skinny_gemm, SKINNY_GEMM),
         ):
             if value not in allowed:
-                raise ValueError(f"{label} must be one of {', '.join(allowed)}; got {value!r}")
-        on_gpu = torch.cuda.is_available()
+                raise ValueError(f"{label} must be one of {', '.join(map(str, allowed))}; got {value!r}")
         self.attention_backend = attention_backend
         self.ops_backend = ops_backend
         self.decode_split_tokens = decode_split_tokens
+        on_gpu = torch.cuda.is_available()
         self.num_sms = num_sms or (torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4)
         # the interpreter pays per program and per op: small tiles keep CPU tests fast
-        self.tiles = tiles or (None if on_gpu else (16, 16))
+        self.tiles = tiles or ((16, 16) if is_interpreted() else None)
         self.skinny_gemm = skinny_gemm
         self._skinny = None  # the SkinnyChooser, made on the first product (it imports Triton)
 
@@ -100,14 +109,14 @@ class CudaKernels(Kernels):
     def rms_norm(self, x, weight, eps):
         if not self._triton_ops(x, weight) or x.dim() == 0:
             return super().rms_norm(x, weight, eps)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         return ops.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
     def fused_add_rms_norm(self, x, residual, weight, eps):
         if not self._triton_ops(x, residual, weight) or x.shape != residual.shape or x.dim() == 0:
             return super().fused_add_rms_norm(x, residual, weight, eps)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         width = x.shape[-1]
         out, summed = ops.rms_norm(x.reshape(-1, width), weight, eps, residual=residual.reshape(-1, width))
@@ -122,14 +131,14 @@ class CudaKernels(Kernels):
             or cos_sin_cache.shape[-1] != head_size
         ):
             return super().rotary_embedding(positions, q, k, cos_sin_cache)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         return ops.rotary_embedding(positions.contiguous(), q, k, cos_sin_cache)
 
     def silu_and_mul(self, x):
         if not self._triton_ops(x) or x.shape[-1] % 2 or x.dim() == 0:
             return super().silu_and_mul(x)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         out = ops.silu_and_mul(x.reshape(-1, x.shape[-1]))
         return out.view(*x.shape[:-1], x.shape[-1] // 2)
@@ -139,13 +148,14 @@ class CudaKernels(Kernels):
         faster; everything else through the reference (cuBLAS)."""
         if (
             self.ops_backend == "triton"
+            and self.skinny_gemm is not None
             and isinstance(weight, torch.Tensor)
             and x.dim() == 2
             and x.dtype == weight.dtype
             and _unit_last_stride(x)
             and weight.is_contiguous()
         ):
-            from plugin_cuda.gemv import SkinnyChooser, skinny_linear
+            from plugins.gpu_triton.gemv import SkinnyChooser, skinny_linear
 
             if self._skinny is None:
                 self._skinny = SkinnyChooser(self.skinny_gemm)
@@ -158,7 +168,7 @@ class CudaKernels(Kernels):
         """Triton: one program per (row, block of tokens), the bitmask copied to the device once."""
         if not self._triton_ops(logits) or logits.dtype != torch.float32:
             return super().apply_token_bitmask(logits, bitmask, rows)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         device = logits.device
         index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
@@ -172,7 +182,7 @@ class CudaKernels(Kernels):
             or k_cache.element_size() == 1
         ):
             return super().write_kv_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
-        from plugin_cuda import ops
+        from plugins.gpu_triton import ops
 
         ops.write_kv_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
 
@@ -191,8 +201,8 @@ class CudaKernels(Kernels):
             or k_cache.stride() != v_cache.stride()
         ):
             return super().paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, kv_scale)
-        from plugin_cuda import attention
-        from plugin_cuda.splits import plan_decode_splits
+        from plugins.gpu_triton import attention
+        from plugins.gpu_triton.splits import plan_decode_splits
 
         block_m, block_n = self.tiles or attention_tiles(q.dtype, q.shape[-1])
         if meta.num_seqs and meta.is_decode_only:
