@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI-compatible HTTP server",
         description="OpenAI-compatible HTTP server. Memory: the weights plus the KV cache, whose size the start-up "
         "log prints (--kv-cache-memory sets it; by default the platform decides: the CPU backends take "
-        "min(8 GiB, 40%% of the memory free after the weights)). The cache is allocated at start-up and the "
+        "min(8 GiB, 40% of the memory free after the weights)). The cache is allocated at start-up and the "
         "process's resident memory grows to include all of it as requests fill it: size the machine for both.",
     )
     add_engine_args(serve)
