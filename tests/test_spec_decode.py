@@ -1,6 +1,6 @@
-"""Speculative decoding (n-gram drafts) on the default model: the same greedy tokens as the
-same engine without it, with drafts proposed and accepted; sampled distributions unchanged
-on a tiny random model."""
+"""Speculative decoding (n-gram drafts, draft models) on the default model and tiny ones: the same
+greedy tokens as the same engine without it (grammars included), with drafts proposed and
+accepted; sampled distributions unchanged on a tiny random model."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_stop_string_and_max_tokens_inside_an_accepted_run(base, spec):
 
 
 def test_a_grammar_sequence_beside_speculating_ones(base, spec):
-    """A request with structured outputs does not speculate but shares steps with ones that do."""
+    """A request with structured outputs shares steps with ones that speculate."""
     from core import StructuredOutputsParams
 
     regex = SamplingParams(
@@ -107,22 +107,36 @@ def test_logprobs_of_accepted_tokens_are_the_targets(base, spec):
             assert g[tid].rank == w[tid].rank
 
 
-@pytest.fixture(scope="module")
-def small_vocab_model(tmp_path_factory):
-    """A 2-layer random Llama over 8 tokens: every token keeps a real share of each position."""
+def _random_llama(directory, seed: int, vocab_size: int = 8, base=None):
+    """A 2-layer random Llama over ``vocab_size`` tokens (every token keeps a real share of
+    each position), saved to ``directory``; with ``base``: ``base``'s weights plus noise (a
+    draft that agrees with it often, not always)."""
     import torch
     from plugins.reference import tiny_model_config
     from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_model_config(vocab_size=8, bos_token_id=0, eos_token_id=7))
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_model_config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=vocab_size - 1))
+    if base is not None:
+        model.load_state_dict(LlamaForCausalLM.from_pretrained(base).state_dict())
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
-                param.normal_(0, 0.3)
-    directory = tmp_path_factory.mktemp("small-vocab")
+                param.add_(torch.randn_like(param), alpha=0.1) if base is not None else param.normal_(0, 0.3)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model(tmp_path_factory):
+    """A 2-layer random Llama over 8 tokens."""
+    return _random_llama(tmp_path_factory.mktemp("small-vocab"), 0)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_draft(tmp_path_factory, small_vocab_model):
+    """``small_vocab_model`` with noise on every weight: a draft model for it."""
+    return _random_llama(tmp_path_factory.mktemp("small-vocab-draft"), 1, base=small_vocab_model)
 
 
 def _counts(outs, positions):
@@ -131,6 +145,7 @@ def _counts(outs, positions):
     return Counter(tuple(c.token_ids[p] for p in positions) for o in outs for c in o.outputs)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize(
     "params",
     [
@@ -139,29 +154,130 @@ def _counts(outs, positions):
     ],
     ids=["plain", "top_p+penalty"],
 )
-def test_sampled_distributions_are_unchanged(small_vocab_model, params, monkeypatch):
+def test_sampled_distributions_are_unchanged(small_vocab_model, small_vocab_draft, params, method, monkeypatch):
     """Token frequencies at output positions 1-5 (the first comes from the prefill) and of positions
     1 and 2 together, with and without speculation, 2000 samples each: a two-sample chi-square
-    test must not reject them. Every step speculates (no back-off), to weigh many accepted drafts."""
+    test must not reject them. Every step speculates (no back-off), to weigh many accepted drafts;
+    the draft model's drafts are also rejected often (its distributions differ from the target's),
+    so the residual draws are weighed too."""
     from core.spec_decode import decoder
     from scipy.stats import chi2_contingency
 
     monkeypatch.setattr(decoder, "MAX_BACKOFF_STEPS", 0)
 
     kw = dict(model=str(small_vocab_model), skip_tokenizer_init=True, max_model_len=64, max_num_seqs=256)
-    prompt = [*range(8), *range(8), 0, 1]  # every token recurs: each step has drafts
+    prompt = [*range(8), *range(8), 0, 1]  # every token recurs: each step has n-gram drafts
+    config = {**NGRAM, "num_speculative_tokens": 3}
+    if method == "draft_model":
+        config = {"method": "draft_model", "model": str(small_vocab_draft), "num_speculative_tokens": 3}
     runs = {}
-    for name, extra in (("plain", {}), ("spec", {"speculative_config": {**NGRAM, "num_speculative_tokens": 3}})):
+    for name, extra in (("plain", {}), ("spec", {"speculative_config": config})):
         llm = LLM(seed=1 if name == "spec" else 2, **kw, **extra)
         runs[name] = llm.generate(prompt_token_ids=[prompt] * 2000, sampling_params=params, use_tqdm=False)
         if name == "spec":
             stats = llm.engine.spec.stats()
             assert stats["num_accepted_tokens"] > 500, stats  # the check below weighs many accepted drafts
+            assert stats["num_draft_tokens"] - stats["num_accepted_tokens"] > 500, stats  # and many rejected
     for positions in ((1,), (2,), (3,), (4,), (5,), (1, 2)):
         a, b = _counts(runs["plain"], positions), _counts(runs["spec"], positions)
         keys = sorted(set(a) | set(b))
         _, p_value, _, _ = chi2_contingency([[a[k] + 0.5 for k in keys], [b[k] + 0.5 for k in keys]])
         assert p_value > 1e-3, (positions, a, b)
+
+
+def test_draft_model_greedy_equal_on_tiny_models(small_vocab_model, small_vocab_draft):
+    """A noisy copy of a tiny random model drafts for it: greedy tokens equal the plain engine's with
+    n = 2, prompts sharing prefix-cached blocks, chunked prefill under a 16-token budget (the draft's
+    catch-up of a long prompt spans several of its forwards) and a cache small enough to preempt;
+    drafts are both accepted and rejected; no block leaks. The cache: 12 blocks of 8 KiB a model."""
+    kw = dict(model=str(small_vocab_model), skip_tokenizer_init=True, max_model_len=128, max_num_seqs=6,
+              max_num_batched_tokens=16, enable_chunked_prefill=True, enable_prefix_caching=True,
+              kv_cache_bytes=12 * 2 * 8192)  # fmt: skip
+    config = {"method": "draft_model", "model": str(small_vocab_draft), "num_speculative_tokens": 3}
+    prompts = [[0, *[*range(1, 7)] * 5], [0, *[*range(1, 7)] * 5, 3, 2], [0, 5, 4, 3, 2, 1]]
+    params = SamplingParams(temperature=0.0, max_tokens=40, n=2, ignore_eos=True)
+    want = LLM(**kw).generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    llm = LLM(speculative_config=config, **kw)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    stats = llm.engine.spec.stats()
+    assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"], stats
+    assert llm.engine.scheduler.num_preemptions > 0  # the draft's cache of a preempted sequence is recomputed
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_total_blocks, "KV blocks leaked"
+
+
+def test_draft_model_is_the_target_on_the_default_model(base):
+    """The default model drafting for itself: greedy tokens equal the plain engine's and every draft
+    is accepted (its KV cache, caught up lazily over accepted runs, equals the target's)."""
+    from core.loader import resolve_model
+
+    llm = LLM(speculative_config={"method": "draft_model", "model": str(resolve_model(None)),
+                                  "num_speculative_tokens": 3}, **ENGINE)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    want = base.generate([COPY], params, use_tqdm=False) + base.chat([CHAT], params, use_tqdm=False)
+    got = llm.generate([COPY], params, use_tqdm=False) + llm.chat([CHAT], params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    stats = llm.engine.spec.stats()
+    assert stats["num_draft_tokens"] > 20 and stats["num_accepted_tokens"] == stats["num_draft_tokens"], stats
+
+
+def _bench_gguf(fmt: str):
+    from pathlib import Path
+
+    from core.loader import resolve_model
+
+    path = Path.home() / ".cache/core-bench/gguf" / f"{resolve_model(None).stem.rsplit('.', 1)[0]}.{fmt}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path.name} is made by bench/gguf_files.py (llama.cpp's tools)")
+    return path
+
+
+def test_q4_0_draft_for_the_f16_default_model():
+    """The default model's Q4_0 file drafts for its F16 file: greedy tokens equal the F16 engine's."""
+    target, draft = _bench_gguf("F16"), _bench_gguf("Q4_0")
+    kw = dict(ENGINE, model=str(target))
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    plain = LLM(**kw)
+    want = plain.generate([COPY], params, use_tqdm=False) + plain.chat([CHAT], params, use_tqdm=False)
+    llm = LLM(speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}, **kw)
+    got = llm.generate([COPY], params, use_tqdm=False) + llm.chat([CHAT], params, use_tqdm=False)
+    assert _tokens(got) == _tokens(want)
+    assert llm.engine.spec.stats()["num_accepted_tokens"] > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused(small_vocab_model, tmp_path):
+    other = _random_llama(tmp_path / "vocab-16", 2, vocab_size=16)
+    config = {"method": "draft_model", "model": str(other), "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match=r"another vocabulary than the target .* \(16 vs 8 tokens\)"):
+        LLM(model=str(small_vocab_model), skip_tokenizer_init=True, max_model_len=64, speculative_config=config)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_constrained_sequences_speculate_with_the_same_greedy_tokens(base, method):
+    """A regex the copied text fits and a JSON schema: greedy tokens with speculation equal those
+    without it, and the constrained sequences themselves had drafts accepted (the grammar masks
+    each verified row as after the drafts before it and rolls back over the rejected ones)."""
+    import json
+
+    from core.loader import resolve_model
+
+    from core import StructuredOutputsParams
+
+    config = NGRAM
+    if method == "draft_model":
+        config = {"method": "draft_model", "model": str(resolve_model(None)), "num_speculative_tokens": 3}
+    llm = LLM(speculative_config=config, **ENGINE)
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    constraints = [StructuredOutputsParams(regex=r"[A-Za-z .,]+\n"), StructuredOutputsParams(json=json.dumps(schema))]
+    prompts = [COPY, f"Put this text in a JSON object's text field: {TEXT}\n"]
+    for prompt, constraint in zip(prompts, constraints, strict=True):
+        params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=constraint)
+        before = llm.engine.spec.stats()["num_accepted_tokens"]
+        want = base.generate([prompt], params, use_tqdm=False)
+        got = llm.generate([prompt], params, use_tqdm=False)
+        assert _tokens(got) == _tokens(want)
+        assert llm.engine.spec.stats()["num_accepted_tokens"] - before >= 5, (constraint, got[0].outputs[0].text)
 
 
 @pytest.mark.slow
@@ -190,8 +306,13 @@ def test_a_bad_config_stops_serve_with_one_line():
     import sys
 
     for config, message in (
-        ('{"method": "eagle", "num_speculative_tokens": 2}', "method must be one of ngram, got 'eagle'"),
+        ('{"method": "eagle", "num_speculative_tokens": 2}', "method must be one of ngram, draft_model, got 'eagle'"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1, got 0"),
+        (
+            '{"method": "draft_model", "model": "/nonexistent/draft.gguf", "num_speculative_tokens": 2}',
+            "the draft model '/nonexistent/draft.gguf' could not be loaded: "
+            "model path '/nonexistent/draft.gguf' does not exist",
+        ),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "core.cli", "serve", "--port", "0", "--speculative-config", config],

@@ -91,16 +91,17 @@ def test_the_mask_filled_during_the_forward_is_each_matchers_own(llm, monkeypatc
     engine, steps = llm.engine, []
     sample = engine._sample
 
-    def checking(logits, entries, outputs=None, early_mask=None):
+    def checking(logits, entries, outputs=None, early_mask=None, draft_runs=None, runs=None):
         matchers = [c.matcher for _, c in entries]
         assert early_mask is not None and all(a is b for a, b in zip(early_mask[0], matchers, strict=True))
-        bitmask, rows = early_mask[1]
+        assert early_mask[1] == (runs or {}) == {}  # no speculative runs
+        bitmask, rows = early_mask[2]
         alone = torch.zeros_like(bitmask)
         for j, i in enumerate(rows):
             matchers[i].fill_bitmask(alone, j)
         assert rows == list(range(len(matchers))) and torch.equal(bitmask, alone)
         steps.append(len(rows))
-        return sample(logits, entries, outputs, early_mask)
+        return sample(logits, entries, outputs, early_mask, draft_runs, runs)
 
     monkeypatch.setattr(engine, "_sample", checking)
     cases = SCHEMAS[:6]

@@ -19,12 +19,16 @@ def test_config_defaults_and_errors():
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)
     c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
+    c = SpeculativeConfig.from_dict({"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 2})
+    assert (c.model, c.num_speculative_tokens) == ("draft.gguf", 2)
     bad = [
         ({"method": "eagle", "num_speculative_tokens": 3}, "method must be one of ngram"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
         ({"method": "ngram"}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
         ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "unknown key(s) model"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "method draft_model needs model"),
+        ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, "unknown key"),
     ]
     for config, message in bad:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -139,12 +143,38 @@ def test_a_sequence_that_accepts_nothing_backs_off():
     seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5] * 4, SamplingParams(max_tokens=100), 0.0)
     proposed = []
     for _ in range(40):
-        drafts = spec.propose([seq])
+        drafts = spec.propose([seq], _no_grammar)
         proposed.append(bool(drafts))
         if drafts:
             spec.record(seq.seq_id, len(drafts[seq.seq_id]), 0)
     # runs at steps 0, 3, 8, 17, 34: waits of 2, 4, 8, 16 steps between them
     assert [i for i, p in enumerate(proposed) if p] == [0, 3, 8, 17, 34]
     spec.record(seq.seq_id, 2, 1)  # one accepted draft ends the back-off
-    assert spec.propose([seq]) and spec.propose([seq])
-    assert spec.propose([]) == {} and not spec._waits and not spec._misses  # a finished sequence leaves nothing
+    assert spec.propose([seq], _no_grammar) and spec.propose([seq], _no_grammar)
+    assert (
+        spec.propose([], _no_grammar) == {} and not spec._waits and not spec._misses
+    )  # a finished sequence leaves nothing
+
+
+def _no_grammar(seq: Sequence) -> None:
+    return None
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    """A draft drawn from q, verified against p by :func:`core.sampler.verify_run`, 20000 times: the
+    kept token (the accepted draft or the residual's draw) has p's distribution, not q's."""
+    import torch
+    from core.sampler import DraftRun, verify_run
+    from scipy.stats import chisquare
+
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    q = torch.tensor([0.4, 0.3, 0.25, 0.05])
+    gen = torch.Generator().manual_seed(0)
+    drafts = torch.multinomial(q, 20000, replacement=True, generator=gen).tolist()
+    counts = [0] * 4
+    for draft in drafts:
+        sampled = torch.tensor([-1, -1])
+        verify_run(sampled, {0: p}, DraftRun(0, [draft], q.unsqueeze(0)), gen)
+        counts[int(sampled[0])] += 1
+    assert chisquare(counts, (p * 20000).tolist()).pvalue > 1e-3, counts
+    assert chisquare(counts, (q * 20000).tolist()).pvalue < 1e-6, counts

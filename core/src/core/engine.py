@@ -27,11 +27,11 @@ from core.model_runner import StepLogits
 from core.outputs import RequestOutput
 from core.request_state import Completion, RequestState, build_request
 from core.resolve import resolve_engine
-from core.sampler import Sampler, SamplerOutput, SamplingState
+from core.sampler import DraftRun, Sampler, SamplerOutput, SamplingState
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from core.sequence import Sequence, SequenceStatus
-from core.spec_decode import SpecDecoder, SpeculativeConfig, num_accepted, row_outputs
+from core.spec_decode import DraftModel, SpecDecoder, SpeculativeConfig, num_accepted, row_outputs
 from core.structured import StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,10 @@ class LLMEngine:
         self.platform = resolved.platform
         self.config = config = dataclasses.replace(resolved.config, rank=first_rank, local_rank=first_rank)
         torch.manual_seed(config.seed)
-        self.executor = make_executor(self.platform, config, resolved.model, load_tokenizer=not skip_tokenizer_init)
+        draft_model = spec.model if spec is not None and spec.method == "draft_model" else None
+        self.executor = make_executor(
+            self.platform, config, resolved.model, load_tokenizer=not skip_tokenizer_init, draft_model=draft_model
+        )
         self.loaded = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
         self.kv_plan = self.executor.kv_plan
@@ -73,7 +76,12 @@ class LLMEngine:
             max_loras=config.max_loras if config.enable_lora else None,
         )
         self.sampler = Sampler(stage=self.platform.runner.stage)
-        self.spec = None if spec is None else SpecDecoder(spec, config.max_model_len)
+        self.spec = None
+        if spec is not None:
+            draft = None
+            if self.executor.draft is not None:
+                draft = DraftModel(self.executor.draft, self.sampler, config.max_num_batched_tokens)
+            self.spec = SpecDecoder(spec, config.max_model_len, draft)
         self.structured = StructuredOutputs(
             config.structured_outputs_backend,
             self.tokenizer,
@@ -215,28 +223,34 @@ class LLMEngine:
         sched = self.scheduler.schedule(drafts)
         if sched.is_empty:
             return []
+        draft_probs = {}
+        if self.spec is not None and self.spec.draft is not None:  # into the draft slots just reserved
+            draft_probs = self.spec.draft.propose(sched.scheduled, self._sampling_state, self._matcher, self._constrain)
         self._mark_scheduled(sched.scheduled)
         masks = self._bitmask_soon(sched.scheduled)
         try:
             logits = self.executor.execute(sched.scheduled)
         finally:  # the matchers are free again (to advance) only once their fill is done
-            early = None if masks is None else (masks[0], masks[1].result())
-        return self._finish_step(sched, logits, early)
+            early = None if masks is None else (masks[0], masks[1], masks[2].result())
+        return self._finish_step(sched, logits, early, draft_probs)
 
-    def _bitmask_soon(self, scheduled: list[ScheduledSeq]) -> tuple[list[Any], Future] | None:
+    def _bitmask_soon(self, scheduled: list[ScheduledSeq]) -> tuple[list[Any], dict[int, list[int]], Future] | None:
         """The step's grammar bitmask, filled on a worker thread while the forward runs (llguidance
-        releases the GIL; the fill was ~7% of a 32-stream JSON step on 2 CPUs), and the matcher of
-        each sampled row it is for: a sequence's last token, or its last token and drafts (as
-        ``make_batch`` lays them out; :meth:`_sample` fills anew if the rows differ)."""
+        releases the GIL; the fill was ~7% of a 32-stream JSON step on 2 CPUs), the matcher of
+        each sampled row it is for (a sequence's last token, or its last token and drafts, as
+        ``make_batch`` lays them out; :meth:`_sample` fills anew if the rows differ) and the
+        speculative runs among them (first row -> drafts: each row masked after the drafts before it)."""
         matchers: list[Any] = []
+        runs: dict[int, list[int]] = {}
         for item in scheduled:
             matcher = self._by_seq[item.seq.seq_id][1].matcher
             if item.draft_token_ids:
+                runs[len(matchers)] = list(item.draft_token_ids)
                 matchers.extend([matcher] * (len(item.draft_token_ids) + 1))
             elif item.needs_sample:
                 matchers.append(matcher)
-        future = self.structured.bitmask_soon(matchers)
-        return None if future is None else (matchers, future)
+        future = self.structured.bitmask_soon(matchers, runs)
+        return None if future is None else (matchers, runs, future)
 
     def _record(
         self, state: RequestState, c: Completion, token_id: int, sampled: SamplerOutput, row: int
@@ -258,29 +272,46 @@ class LLMEngine:
         return status
 
     def _propose(self) -> dict[int, list[int]]:
-        """Drafts for the decoding sequences that may speculate (not those with a grammar or an adapter)."""
-        seqs: list[Sequence] = []
-        for seq in self.scheduler.decoding():
-            c = self._by_seq[seq.seq_id][1]
-            if c.matcher is None and seq.lora is None:
-                seqs.append(seq)
-        return self.spec.propose(seqs)
+        """Drafts for the decoding sequences that may speculate (not those with an adapter)."""
+        return self.spec.propose([seq for seq in self.scheduler.decoding() if seq.lora is None], self._matcher)
+
+    def _matcher(self, seq: Sequence) -> Any:
+        """``seq``'s grammar matcher, None when it has none."""
+        return self._by_seq[seq.seq_id][1].matcher
+
+    def _constrain(self, logits: torch.Tensor, matchers: list[Any]) -> None:
+        """Mask each row of ``logits`` to what its matcher allows now (rows without one: untouched)."""
+        self._apply_mask(logits, self.structured.bitmask(matchers))
+
+    def _apply_mask(self, logits: torch.Tensor, mask: tuple[torch.Tensor, list[int]] | None) -> None:
+        if mask is not None:
+            with torch.inference_mode():  # the logits are the runner's inference tensor
+                self.platform.kernels.apply_token_bitmask(logits, *mask)
 
     def _finish_step(
-        self, sched: SchedulerOutput, logits: StepLogits, early_mask: tuple[list[Any], Any] | None = None
+        self,
+        sched: SchedulerOutput,
+        logits: StepLogits,
+        early_mask: tuple[list[Any], dict[int, list[int]], Any] | None = None,
+        draft_probs: dict[int, torch.Tensor] | None = None,
     ) -> list[RequestOutput]:
         """Sample the step's rows and record them: each sequence keeps its accepted drafts (if it
         speculated) and one token more, recorded one by one, so a stop or max_tokens inside a
         run drops what follows. ``early_mask``: the matchers of the rows and their bitmask, filled
-        during the forward (:meth:`_bitmask_soon`)."""
+        during the forward (:meth:`_bitmask_soon`); ``draft_probs``: seq_id -> the distributions
+        a draft model drew its random drafts from (verified by rejection sampling)."""
         drafts = {item.seq.seq_id: item.draft_token_ids for item in sched.scheduled if item.draft_token_ids}
         entries = [self._by_seq[seq_id] for seq_id in logits.sample_seq_ids]
         runs = [drafts.get(c.seq.seq_id, []) for _, c in entries]
-        row_entries, outputs = [], []
+        row_entries, outputs, draft_runs, row_runs = [], [], [], {}
         for entry, run in zip(entries, runs, strict=True):
+            if draft_probs and entry[1].seq.seq_id in draft_probs:
+                draft_runs.append(DraftRun(len(row_entries), list(run), draft_probs[entry[1].seq.seq_id]))
+            if run:
+                row_runs[len(row_entries)] = list(run)
             row_entries.extend([entry] * (len(run) + 1))
             outputs.extend(row_outputs(entry[1].seq.output_token_ids, run))
-        sampled = self._sample(logits.sample_logits, row_entries, outputs, early_mask)
+        sampled = self._sample(logits.sample_logits, row_entries, outputs, early_mask, draft_runs, row_runs)
         finished: list[tuple[Sequence, SequenceStatus]] = []
         row = 0
         for (state, c), run in zip(entries, runs, strict=True):
@@ -317,31 +348,32 @@ class LLMEngine:
         logits: torch.Tensor,
         entries: list[tuple[RequestState, Completion]],
         outputs: list[list[int]] | None = None,
-        early_mask: tuple[list[Any], Any] | None = None,
+        early_mask: tuple[list[Any], dict[int, list[int]], Any] | None = None,
+        draft_runs: list[DraftRun] | None = None,
+        runs: dict[int, list[int]] | None = None,
     ) -> SamplerOutput | None:
         """Sample a row per entry; ``outputs``: each row's output so far, when not its sequence's
-        (a speculative run's rows count the drafts before them); ``early_mask``: see :meth:`_finish_step`."""
+        (a speculative run's rows count the drafts before them); ``early_mask``: see :meth:`_finish_step`;
+        ``draft_runs``: draft-model runs the sampler verifies by rejection sampling; ``runs``: first
+        row -> drafts of each speculative run (its rows' grammar masks follow the drafts)."""
         if not entries:
             return None
         matchers = [c.matcher for _, c in entries]
-        if early_mask is not None and list(map(id, early_mask[0])) == list(map(id, matchers)):  # the same rows
-            mask = early_mask[1]
+        same = early_mask is not None and list(map(id, early_mask[0])) == list(map(id, matchers))
+        if same and early_mask[1] == (runs or {}):  # the same rows
+            mask = early_mask[2]
         else:
-            mask = self.structured.bitmask(matchers)
-        if mask is not None:
-            with torch.inference_mode():  # the logits are the runner's inference tensor
-                self.platform.kernels.apply_token_bitmask(logits, *mask)
+            mask = self.structured.bitmask(matchers, runs)
+        self._apply_mask(logits, mask)
         states = [
-            SamplingState(
-                params=state.params,
-                prompt_token_ids=state.prompt_token_ids,
-                output_token_ids=c.seq.output_token_ids if outputs is None else outputs[row],
-                generator=c.generator,
-                stop_token_ids=sorted(state.stop_ids),
-            )
+            _sampling_state(state, c, c.seq.output_token_ids if outputs is None else outputs[row])
             for row, (state, c) in enumerate(entries)
         ]
-        return self.sampler(logits, states)
+        return self.sampler(logits, states, draft_runs=draft_runs or ())
+
+    def _sampling_state(self, seq: Sequence, output_token_ids: list[int]) -> SamplingState:
+        """The sampling state of ``seq``'s next token after ``output_token_ids`` (for the draft model)."""
+        return _sampling_state(*self._by_seq[seq.seq_id], output_token_ids)
 
     def _outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = []
@@ -382,3 +414,14 @@ class LLMEngine:
             "spec_decode": None if self.spec is None else self.spec.stats(),
             "platform": self.platform.metrics(),
         }
+
+
+def _sampling_state(state: RequestState, c: Completion, output_token_ids: list[int]) -> SamplingState:
+    """What the sampler needs of completion ``c`` of ``state`` after ``output_token_ids``."""
+    return SamplingState(
+        params=state.params,
+        prompt_token_ids=state.prompt_token_ids,
+        output_token_ids=output_token_ids,
+        generator=c.generator,
+        stop_token_ids=sorted(state.stop_ids),
+    )

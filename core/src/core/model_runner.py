@@ -15,7 +15,7 @@ from plugins import EngineConfigView, Platform
 from plugins.attention import AttentionMetadata, build_step
 from plugins.kv_cache import needs_scale, new_kv_scale
 from plugins.memory import KVCachePlan
-from plugins.runner import ModelInputs
+from plugins.runner import ModelInputs, Runner
 
 from core.loader import LoadedModel
 from core.lora import LoRAManager, LoRARequest
@@ -36,10 +36,18 @@ class StepLogits:
 
 
 class ModelRunner:
-    """Runs the model of ``loaded`` on ``platform`` for batches chosen by the scheduler."""
+    """Runs the model of ``loaded`` on ``platform`` for batches chosen by the scheduler.
 
-    def __init__(self, platform: Platform, loaded: LoadedModel, config: EngineConfigView) -> None:
+    :param runner: the platform runner it binds its model and KV cache to: the platform's own
+        by default; a second model in the same worker (a speculative draft model) passes a
+        fresh one (``platform.make_runner()``).
+    """
+
+    def __init__(
+        self, platform: Platform, loaded: LoadedModel, config: EngineConfigView, runner: Runner | None = None
+    ) -> None:
         self.platform = platform
+        self.runner = platform.runner if runner is None else runner
         self.loaded = loaded
         self.model = loaded.model
         self.config = config
@@ -87,19 +95,23 @@ class ModelRunner:
         meta = AttentionMetadata.build(lens, lens, tables, self.config.block_size, device=self.device)
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        runner = self.platform.runner
+        runner = self.runner
         with runner.grad_mode():
             hidden = runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
             self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         self.platform.synchronize()
 
-    def plan_kv_cache(self) -> KVCachePlan:
+    def plan_kv_cache(self, extra_block_bytes: int = 0) -> KVCachePlan:
         """The KV plan, settled once: the profile pass (if the platform's profiler needs it),
         the platform's budget in blocks, then core's bounds (enough for one full-length
-        sequence, no more than can ever be used)."""
+        sequence, no more than can ever be used).
+
+        :param extra_block_bytes: bytes each block also takes in another cache indexed by the
+            same block ids (a draft model's), so that both fit the budget.
+        """
         memory = self.platform.memory
         peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
-        plan = memory.plan_kv_cache(self.config, self.block_bytes, peak_activation_bytes=peak)
+        plan = memory.plan_kv_cache(self.config, self.block_bytes + extra_block_bytes, peak_activation_bytes=peak)
         logger.info("%s", plan.detail)
         min_blocks = -(-self.config.max_model_len // self.config.block_size)
         # more blocks than max_num_seqs full-length sequences (x2: room for the prefix cache) buy nothing
@@ -120,7 +132,7 @@ class ModelRunner:
     def allocate_and_prepare(self, num_blocks: int) -> None:
         """Allocate the KV cache and bind it, with the model, to the platform's runner."""
         self.kv_caches = self._allocate(num_blocks)
-        self.platform.runner.prepare(self.model, self.kv_caches, self.config)
+        self.runner.prepare(self.model, self.kv_caches, self.config)
 
     # -- one step -----------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
@@ -129,7 +141,7 @@ class ModelRunner:
 
     def run(self, batch: StepBatch) -> StepLogits:
         """Run the forward pass of a flattened batch and compute the logits it needs."""
-        runner = self.platform.runner
+        runner = self.runner
         meta, (input_ids, positions) = build_step(
             batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size,
             [batch.input_ids, batch.positions], runner.stage,

@@ -6,13 +6,19 @@ min-p and the draw. Greedy rows take the argmax of the penalised logits. Random 
 draw by an exponential race, ``argmax(probs / E)`` with ``E ~ Exp(1)``: a seeded row
 takes its noise from its own generator, so its tokens do not depend on the batch.
 Logprobs are those of the raw model distribution, as in vLLM.
+
+Speculative runs drawn by a draft model (:class:`DraftRun`) are verified here too, by the
+rejection sampler of Leviathan et al.: each draft ``x`` drawn from ``q`` is accepted with
+probability ``min(1, p(x) / q(x))`` under the row's final distribution ``p``, and the first
+rejected row draws from ``max(p - q, 0)`` renormalised, so every kept token has ``p``'s
+distribution and the logprobs reported are those of the kept tokens.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +57,22 @@ class SamplerOutput:
     logprobs: list[float | None]
     ranks: list[int | None]
     top_logprobs: list[list[tuple[int, float]] | None]
+    #: with ``keep_probs``: row -> the distribution its token was drawn from, for random rows
+    probs: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class DraftRun:
+    """Drafts of one sequence drawn from a draft model's distributions, to verify.
+
+    Rows ``first_row .. first_row + len(token_ids)`` of the batch score them (row ``j``
+    the draft ``token_ids[j]``, the last row the token after a fully accepted run); every
+    row samples at random. ``probs[j]`` is the distribution ``token_ids[j]`` was drawn from.
+    """
+
+    first_row: int
+    token_ids: list[int]
+    probs: torch.Tensor  # [len(token_ids), V]
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -68,8 +90,20 @@ class Sampler:
     def __init__(self, stage: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.stage = stage
 
-    def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
-        """Sample from float32 ``logits`` [N, V] for the N ``states`` (same order)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        states: Sequence[SamplingState],
+        keep_probs: bool = False,
+        draft_runs: Sequence[DraftRun] = (),
+    ) -> SamplerOutput:
+        """Sample from float32 ``logits`` [N, V] for the N ``states`` (same order).
+
+        :param keep_probs: return each random row's final distribution (``probs``).
+        :param draft_runs: speculative runs to verify by rejection sampling: each row of a
+            run gets its accepted draft, the row of the first rejected draft a token of the
+            residual distribution (and rows after it what they drew, unused).
+        """
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(
                 f"logits must be [N, V] with N = len(states) = {len(states)}, got shape {tuple(logits.shape)}"
@@ -85,16 +119,22 @@ class Sampler:
                 apply_penalties_from_states(processed, states)
 
         random_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
+        probs = None
         if states and len(random_rows) == len(states):  # every row random: no argmax, no index to move
-            sampled = _sample_random(processed, states, stage)
+            sampled, probs = _sample_random(processed, states, stage)
         else:
             sampled = first_argmax(processed)
             if random_rows:
                 rows = stage(torch.tensor(random_rows))
-                sampled[rows] = _sample_random(processed[rows], [states[i] for i in random_rows], stage)
+                sampled[rows], probs = _sample_random(processed[rows], [states[i] for i in random_rows], stage)
+        row_probs = {} if probs is None else dict(zip(random_rows, probs, strict=True))
+        for run in draft_runs:
+            verify_run(sampled, row_probs, run, states[run.first_row].generator)
 
         num_rows = len(states)
         out = SamplerOutput(sampled.tolist(), [None] * num_rows, [None] * num_rows, [None] * num_rows)
+        if keep_probs:
+            out.probs = row_probs
         logprob_rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
         if logprob_rows:
             rows = stage(torch.tensor(logprob_rows))
@@ -137,11 +177,36 @@ def _edits_logits(state: SamplingState) -> bool:
     return bool(p.logit_bias) or len(state.output_token_ids) < p.min_tokens or p.has_penalties
 
 
+def verify_run(
+    sampled: torch.Tensor, row_probs: dict[int, torch.Tensor], run: DraftRun, generator: torch.Generator | None
+) -> None:
+    """Rejection sampling of one draft run, in place on ``sampled`` (see the module's docstring).
+
+    ``row_probs``: each random row's final distribution ``p``; the uniforms and the residual's
+    draw come from the sequence's ``generator`` (the device's default one when None).
+    """
+    for j, draft in enumerate(run.token_ids):
+        row = run.first_row + j
+        if row not in row_probs:
+            raise ValueError(f"draft run row {row} does not sample at random: greedy drafts are verified by argmax")
+        p, q = row_probs[row], run.probs[j]
+        u = torch.rand((), generator=generator, device=p.device)
+        if bool(u * q[draft] < p[draft]):  # accepted with probability min(1, p / q)
+            sampled[row] = draft
+            continue
+        residual = (p - q).clamp_(min=0)  # zero at the draft, as p(draft) < q(draft) here
+        if not bool(residual.sum() > 0):  # p == q up to rounding: the residual is p without the draft
+            residual = p.clone()
+            residual[draft] = 0
+        sampled[row] = exponential_race(residual.unsqueeze(0), [generator])[0]
+        return
+
+
 def _sample_random(
     logits: torch.Tensor, states: Sequence[SamplingState], stage: Callable[[torch.Tensor], torch.Tensor]
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature, top-k, top-p, min-p, then the exponential race, for random rows
-    (per-row values moved to the device by ``stage``)."""
+    (per-row values moved to the device by ``stage``); the tokens and the distributions."""
     params = [s.params for s in states]
     temperature = stage(torch.tensor([p.temperature for p in params]))
     logits = logits / temperature.unsqueeze(1)
@@ -156,7 +221,7 @@ def _sample_random(
     if any(p.min_p > 0 for p in params):
         logits = apply_min_p(logits, stage(torch.tensor([p.min_p for p in params])))
     probs = torch.softmax(logits, dim=-1)
-    return exponential_race(probs, [s.generator for s in states])
+    return exponential_race(probs, [s.generator for s in states]), probs
 
 
 def exponential_race(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:

@@ -44,11 +44,20 @@ class WorkerFailed(RuntimeError):
 
 
 class LocalExecutor:
-    """The model in the engine's own process (``tensor_parallel_size`` 1)."""
+    """The model in the engine's own process (``tensor_parallel_size`` 1); ``draft``: the
+    speculative draft model's runner when ``draft_model`` names one, else None."""
 
-    def __init__(self, platform: Platform, config: EngineConfigView, model: ModelSource, load_tokenizer: bool) -> None:
-        self.worker = Worker(platform, config, model, load_tokenizer=load_tokenizer)
+    def __init__(
+        self,
+        platform: Platform,
+        config: EngineConfigView,
+        model: ModelSource,
+        load_tokenizer: bool,
+        draft_model: str | None = None,
+    ) -> None:
+        self.worker = Worker(platform, config, model, load_tokenizer=load_tokenizer, draft_model=draft_model)
         self.runner = self.worker.runner
+        self.draft = self.worker.draft
         self.loaded = self.worker.loaded
         self.kv_plan = self.worker.plan_kv_cache()
         self.worker.allocate_kv_cache(self.kv_plan.num_blocks)
@@ -81,6 +90,8 @@ class RemoteExecutor:
     """
 
     num_workers: int
+    #: no speculative draft model: it runs with one rank (:func:`core.distributed.launch.make_executor`)
+    draft = None
 
     def setup(self) -> None:
         """Load on every rank, size every rank's KV cache to the smallest rank's plan."""

@@ -17,6 +17,7 @@ from plugins.memory import KVCachePlan
 from core.loader import LoadedModel, ModelSource, load_model
 from core.lora import LoRARequest
 from core.model_runner import ModelRunner, StepBatch, StepLogits
+from core.spec_decode.draft_model import load_draft
 
 
 class Worker:
@@ -28,6 +29,8 @@ class Worker:
     :param model: what to load (an opened :class:`core.loader.ModelSource`, or the name to open).
     :param init_method: the communicator's rendezvous address (needed when the model is split).
     :param load_tokenizer: load the tokenizer too (the driver needs it from one rank).
+    :param draft_model: a speculative draft model to load beside the model (one rank only):
+        ``draft`` is then its runner, whose KV cache has the model's block count.
     """
 
     def __init__(
@@ -37,6 +40,7 @@ class Worker:
         model: ModelSource | str | None,
         init_method: str | None = None,
         load_tokenizer: bool = True,
+        draft_model: str | None = None,
     ) -> None:
         self.platform = platform
         self.config = config
@@ -59,18 +63,22 @@ class Worker:
             comm=self.comm,
         )
         self.runner = ModelRunner(platform, self.loaded, config)
+        self.draft = None if draft_model is None else load_draft(platform, config, draft_model, self.loaded)
 
     def describe(self) -> LoadedModel:
         """What the driver needs of the model (tokenizer, limits, eos ids), without the weights."""
         return dataclasses.replace(self.loaded, model=None)
 
     def plan_kv_cache(self) -> KVCachePlan:
-        """How many KV blocks of this rank's heads fit in this rank's memory."""
-        return self.runner.plan_kv_cache()
+        """How many KV blocks of this rank's heads (and of the draft model's) fit in this rank's memory."""
+        return self.runner.plan_kv_cache(extra_block_bytes=0 if self.draft is None else self.draft.block_bytes)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` (the same on every rank) and prepare the platform's runner."""
+        """Allocate ``num_blocks`` (the same on every rank) and prepare the platform's runner
+        (and the draft model's cache and runner)."""
         self.runner.allocate_and_prepare(num_blocks)
+        if self.draft is not None:
+            self.draft.allocate_and_prepare(num_blocks)
 
     def execute(self, batch: StepBatch) -> StepLogits | None:
         """Run one step; rank 0 returns the logits (every rank holds them after the gather)."""

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from core.sequence import Sequence as Seq
 from core.spec_decode.config import SpeculativeConfig
+from core.spec_decode.draft_model import PENDING, DraftModel
 from core.spec_decode.ngram import propose_ngram
+from core.structured.backends import Matcher
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +46,15 @@ class SpecDecoder:
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
+    :param draft: the draft model, for the ``draft_model`` method.
     """
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None) -> None:
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError(f"method {config.method} with draft model {draft!r}: draft_model needs one, ngram none")
         self.config = config
         self.max_model_len = max_model_len
+        self.draft = draft
         self.num_drafts = 0  # runs proposed and verified
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
@@ -58,14 +64,21 @@ class SpecDecoder:
         self._misses: dict[int, int] = {}  # seq_id -> runs in a row that accepted nothing
         self._waits: dict[int, int] = {}  # seq_id -> steps left without drafts
 
-    def propose(self, seqs: Iterable[Seq]) -> dict[int, list[int]]:
+    def propose(self, seqs: Iterable[Seq], matcher: Callable[[Seq], Matcher | None]) -> dict[int, list[int]]:
         """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
 
         Drafts stop short of ``max_tokens`` and ``max_model_len``: the run they give (the
         accepted drafts and one token more) never outgrows what a plain run could produce.
+        With a draft model they are :data:`PENDING` slots, drawn by ``draft.propose`` once scheduled.
+        A sequence with a grammar (``matcher(seq)``) speculates when its matcher can roll back
+        (not a reasoning gate before the answer); its n-gram drafts stop before the first token
+        the grammar refuses.
         """
         c = self.config
         drafts = {}
+        seqs = list(seqs)
+        if self.draft is not None:
+            self.draft.keep(seq.seq_id for seq in seqs)
         # only sequences still decoding keep their back-off (finished ones leave no entry behind)
         (waits, self._waits), (misses, self._misses) = (self._waits, {}), (self._misses, {})
         for seq in seqs:
@@ -75,10 +88,17 @@ class SpecDecoder:
             if wait > 0:
                 self._waits[seq.seq_id] = wait - 1
                 continue
+            grammar = matcher(seq)
+            if grammar is not None and not grammar.can_rollback:
+                continue
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
             k = min(c.num_speculative_tokens, room)
-            if k > 0:
+            if k > 0 and self.draft is not None:
+                drafts[seq.seq_id] = [PENDING] * k
+            elif k > 0:
                 proposal = propose_ngram(seq.token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+                if proposal and grammar is not None:
+                    proposal = proposal[: grammar.validate(proposal)]
                 if proposal:
                     drafts[seq.seq_id] = proposal
         return drafts

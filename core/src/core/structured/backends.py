@@ -31,6 +31,15 @@ class Matcher(Protocol):
     def is_terminated(self) -> bool:
         """Whether the grammar has ended (its stop token was accepted)."""
 
+    #: whether :meth:`validate` and :meth:`rollback` work now (speculative decoding needs them)
+    can_rollback: bool
+
+    def validate(self, token_ids: list[int]) -> int:
+        """How many leading ``token_ids`` the grammar allows from here, without advancing."""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+
 
 class Backend(Protocol):
     """(optional) ``fill_bitmask_rows(rows, bitmask)``: fill the rows of its own matchers at once,
@@ -69,13 +78,19 @@ def _choice_lark(choices: tuple[str, ...]) -> str:
 
 
 class _Matcher:
-    """A library's matcher behind :class:`Matcher`'s three calls (bound once: they run every step);
+    """A library's matcher behind :class:`Matcher`'s calls (bound once: they run every step);
     ``native``: the library's own matcher, for a backend that fills many rows in one call."""
 
-    def __init__(self, fill: Any, accept: Any, is_terminated: Any, native: Any = None) -> None:
+    can_rollback = True
+
+    def __init__(
+        self, fill: Any, accept: Any, is_terminated: Any, validate: Any, rollback: Any, native: Any = None
+    ) -> None:
         self.fill_bitmask = fill
         self.accept = accept
         self.is_terminated = is_terminated
+        self.validate = validate
+        self.rollback = rollback
         self.native = native
 
 
@@ -139,6 +154,8 @@ class GuidanceBackend:
             lambda bitmask, row: fill_next_token_bitmask(matcher, bitmask, row),
             matcher.consume_token,
             matcher.is_stopped,
+            matcher.validate_tokens,
+            matcher.rollback,
             native=matcher,
         )
 
@@ -246,4 +263,15 @@ class XGrammarBackend:
         import xgrammar
 
         matcher = xgrammar.GrammarMatcher(grammar)
-        return _Matcher(matcher.fill_next_token_bitmask, matcher.accept_token, matcher.is_terminated)
+
+        def validate(token_ids: list[int]) -> int:  # xgrammar has no dry run: accept, then roll back
+            n = 0
+            while n < len(token_ids) and matcher.accept_token(token_ids[n]):
+                n += 1
+            if n:
+                matcher.rollback(n)
+            return n
+
+        return _Matcher(
+            matcher.fill_next_token_bitmask, matcher.accept_token, matcher.is_terminated, validate, matcher.rollback
+        )

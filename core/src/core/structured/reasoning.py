@@ -107,3 +107,14 @@ class ReasoningGate:
 
     def is_terminated(self) -> bool:
         return self.is_thinking is False and self.inner.is_terminated()
+
+    @property
+    def can_rollback(self) -> bool:
+        """Once the reasoning is over: every token since went to the inner matcher, which rolls back."""
+        return self.is_thinking is False and self.inner.can_rollback
+
+    def validate(self, token_ids: list[int]) -> int:
+        return self.inner.validate(token_ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
