@@ -119,6 +119,15 @@ MUTANTS = {
             return out
         """,
     ),
+    # a kernel that takes short multi-token rows for decode rows: each query sees its whole row
+    "SpeculativeRowsSeeTheirDrafts": (
+        "test_speculative",
+        "paged_attention",
+        """
+        def future_keys(self, query_len):
+            return query_len if 1 < query_len <= 8 else 0
+        """,
+    ),
     "MoeGateUpSwapped": (
         "test_fused_moe",
         "fused_moe",
@@ -132,10 +141,13 @@ MUTANTS = {
 }
 
 # paged attention written out, so that a mutant can let each query see FUTURE_KEYS keys past its own
-# position; with FUTURE_KEYS = 0 (the control, WrittenOut) it must pass the kit
+# position (future_keys of its row's query length); with 0 (the control, WrittenOut) it must pass the kit
 WRITTEN_OUT = """
 class WrittenOutKernels(Kernels):
     FUTURE_KEYS = 0
+
+    def future_keys(self, query_len):
+        return self.FUTURE_KEYS
 
     def paged_attention(self, q, k_cache, v_cache, meta, scale, sliding_window=None, kv_scale=None):
         out, start, group = torch.empty_like(q), 0, q.shape[1] // k_cache.shape[2]
@@ -145,7 +157,7 @@ class WrittenOutKernels(Kernels):
                             for c in (k_cache, v_cache))
             scores = q[start : start + q_len].float().transpose(0, 1) @ keys.transpose(1, 2) * scale
             q_pos, k_pos = torch.arange(s_len - q_len, s_len).unsqueeze(1), torch.arange(s_len).unsqueeze(0)
-            hidden = k_pos > q_pos + self.FUTURE_KEYS
+            hidden = k_pos > q_pos + self.future_keys(q_len)
             if sliding_window is not None:
                 hidden |= k_pos <= q_pos - sliding_window
             probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
@@ -156,7 +168,7 @@ class WrittenOutKernels(Kernels):
 
 """
 #: mutants of the written-out paged attention rather than of the reference kernels
-WRITTEN_OUT_MUTANTS = {"CausalMaskOffByOne"}
+WRITTEN_OUT_MUTANTS = {"CausalMaskOffByOne", "SpeculativeRowsSeeTheirDrafts"}
 
 
 # memory profilers: a fixed budget too small for one max_model_len sequence, one that ignores --kv-cache-memory

@@ -123,6 +123,54 @@ class RuntimeChecks(ConformanceBase):
         self._assert_close(padded, eager, dtype_name, "padded forward vs eager")
         self._assert_close(padded_caches[0][0], caches[0][0], dtype_name, "KV cache after padded forward")
 
+    def test_speculative_step_paged_attention_equals_plain_steps(self, device_plat, gen) -> None:
+        """A speculative decoding step (decode rows of several tokens: a sequence's last token and
+        its drafts, beside a one-token row) through the platform's runner equals feeding the same
+        tokens one a step (decode-only steps, padded to the runner's sizes): hidden states of
+        every token and the KV cache after."""
+        import torch
+        from plugins.attention import AttentionMetadata
+        from plugins.runner import ModelInputs
+
+        dtype_name = device_plat.supported_dtypes[0]
+        dev = device_plat.torch_device()
+        model = _TinyAttentionModel(device_plat.kernels, dtype_name, dev, gen)
+        contexts, runs = [9, 29, 2], [4, 1, 3]  # KV already computed; tokens this step (last + drafts)
+        final = [c + r for c, r in zip(contexts, runs, strict=True)]
+        meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, runs, final, 2, 32, 16)
+        tables = [meta.block_tables[i, : -(-n // 16)].tolist() for i, n in enumerate(final)]
+        tokens = [torch.randint(0, 100, (r,), generator=gen).tolist() for r in runs]
+        config = engine_config(device=device_plat.name, dtype=dtype_name, max_num_seqs=8, block_size=16)
+
+        def execute(rows):  # (sequence, first position, tokens): one step on the bound runner
+            step = AttentionMetadata.build(
+                [len(t) for _, _, t in rows], [p + len(t) for _, p, t in rows], [tables[i] for i, _, _ in rows],
+                16, device=dev,
+            )  # fmt: skip
+            ids = torch.tensor([x for _, _, t in rows for x in t], device=dev)
+            positions = torch.tensor([p + j for _, p, t in rows for j in range(len(t))], device=dev)
+            with runner.grad_mode():
+                return runner.execute(ModelInputs(ids, positions, step)).clone()
+
+        spec_caches = [(k_cache.clone(), v_cache.clone())]
+        runner = device_plat.make_runner()
+        runner.prepare(model, spec_caches, config)
+        speculative = execute([(i, contexts[i], tokens[i]) for i in range(3)])
+        plain_caches = [(k_cache.clone(), v_cache.clone())]
+        runner = device_plat.make_runner()
+        runner.prepare(model, plain_caches, config)
+        plain = torch.empty_like(speculative)
+        starts = [sum(runs[:i]) for i in range(3)]
+        for j in range(max(runs)):
+            live = [i for i in range(3) if j < runs[i]]
+            hidden = execute([(i, contexts[i] + j, [tokens[i][j]]) for i in live])
+            for row, i in enumerate(live):
+                plain[starts[i] + j] = hidden[row]
+        what = "paged_attention and write_kv_cache through the runner on a speculative step (decode rows of 4, 1, 3)"
+        self._assert_close(speculative, plain, dtype_name, f"{what}: hidden states vs one token a step")
+        for name, got, want in zip("KV", spec_caches[0], plain_caches[0], strict=True):
+            self._assert_close(got, want, dtype_name, f"{what}: {name} cache vs one token a step")
+
     def test_communicator_two_processes(self, device_plat) -> None:
         """The platform's communicator sums and gathers across two processes."""
         from plugins.distributed import check_communicator
