@@ -241,7 +241,8 @@ def _calls(events, names: tuple[str, ...]) -> int:
 
 
 def part_profile(a: argparse.Namespace) -> dict:
-    """torch.profiler over a prefill (N x prompt, one token each) and 32 batch-1 decode steps, graphs on:
+    """torch.profiler over a prefill (N x prompt, one token each), 32 batch-1 decode steps and 32 steps
+    of N sequences decoding (8-token prompts), graphs on:
     launches, copies and synchronisations per engine step, host vs device time, the top kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -262,7 +263,9 @@ def part_profile(a: argparse.Namespace) -> dict:
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     decode = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
     work = {"prefill": lambda: llm.generate(prompt_token_ids=p["prefill"], sampling_params=one, use_tqdm=False),
-            "decode": lambda: llm.generate(prompt_token_ids=p["decode"], sampling_params=decode, use_tqdm=False)}  # fmt: skip
+            "decode": lambda: llm.generate(prompt_token_ids=p["decode"], sampling_params=decode, use_tqdm=False),
+            f"decode x{a.num_seqs}": lambda: llm.generate(prompt_token_ids=[q[:8] for q in p["batch"]],
+                                                          sampling_params=decode, use_tqdm=False)}  # fmt: skip
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     result = {}
     for name, fn in work.items():
