@@ -1,13 +1,16 @@
-"""Compile every shared Triton kernel for NVIDIA or AMD targets, without a GPU.
+"""Compile every shared Triton kernel for NVIDIA, AMD or Intel targets, without a GPU.
 
 Runs Triton's whole GPU pipeline for a target: TTIR -> TTGIR -> LLVM -> PTX -> cubin
-(bundled ptxas) for a compute capability such as ``90``, or LLVM -> AMDGCN -> hsaco
-(Triton's built-in AMDGPU LLVM and lld) for a gfx target such as ``gfx942``; so type
-errors, unsupported ops and shared-memory (LDS) overflows show up on a machine with
+(bundled ptxas) for a compute capability such as ``90``; LLVM -> AMDGCN -> hsaco
+(Triton's built-in AMDGPU LLVM and lld) for a gfx target such as ``gfx942``; LLVM ->
+SPIR-V for an Intel GPU (``pvc``, ``dg2``: needs Intel's Triton, ``triton-xpu``, whose
+TTGIR passes lay ``tl.dot`` out on the part's DPAS units and 2D block loads). So type
+errors, unsupported ops and shared-memory (LDS, SLM) overflows show up on a machine with
 no GPU. Must run without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``).
 
     python -m plugins.gpu_triton.compile_check --arch 80 86 90 --dtype bf16 fp16 fp32
     python -m plugins.gpu_triton.compile_check --arch gfx90a gfx942
+    python -m plugins.gpu_triton.compile_check --arch pvc dg2     # scripts/test-xpu-compile.sh
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import os
 import sys
 
 #: shared memory one block may use on the smallest part of each generation (bytes);
-#: AMD: LDS per workgroup of MI200 (gfx90a) and MI300 (gfx942)
+#: AMD: LDS per workgroup of MI200 (gfx90a) and MI300 (gfx942); Intel: shared local memory
+#: per work-group of the Data Center GPU Max (pvc) and Arc A-series (dg2)
 SHARED_LIMIT = {
     "80": 163 * 1024,
     "86": 99 * 1024,
@@ -25,7 +29,25 @@ SHARED_LIMIT = {
     "90": 227 * 1024,
     "gfx90a": 64 * 1024,
     "gfx942": 64 * 1024,
+    "pvc": 128 * 1024,
+    "dg2": 64 * 1024,
 }
+#: Intel GPU targets: the device properties Intel's Triton reads from ``torch.xpu`` on a device
+#: (``architecture`` is SYCL's ``ext::oneapi::experimental::architecture`` value). The Data
+#: Center GPU Max (Ponte Vecchio) has 16-wide DPAS and 2D block loads; Arc A-series (Alchemist,
+#: DG2) has 8-wide DPAS, no 2D block loads and no fp64
+XPU_TARGETS = {
+    "pvc": {"architecture": 0x030F000700, "name": "Intel(R) Data Center GPU Max 1550", "max_work_group_size": 1024,
+            "max_num_sub_groups": 64, "sub_group_sizes": [16, 32], "has_fp64": True,
+            "has_subgroup_matrix_multiply_accumulate": True,
+            "has_subgroup_matrix_multiply_accumulate_tensor_float32": True,
+            "has_subgroup_2d_block_io": True, "has_bfloat16_conversions": True},
+    "dg2": {"architecture": 0x030DC00800, "name": "Intel(R) Arc(TM) A770 Graphics", "max_work_group_size": 1024,
+            "max_num_sub_groups": 128, "sub_group_sizes": [8, 16, 32], "has_fp64": False,
+            "has_subgroup_matrix_multiply_accumulate": True,
+            "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
+            "has_subgroup_2d_block_io": False, "has_bfloat16_conversions": True},
+}  # fmt: skip
 TORCH_NAME = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -68,10 +90,28 @@ def kernel_specs(dtype: str, head_size: int):
 
 
 def gpu_target(arch: str):
-    """Triton's target for ``"90"`` (NVIDIA sm_90, 32-wide warps) or ``"gfx942"`` (AMD, 64-wide wavefronts)."""
+    """Triton's target for ``"90"`` (NVIDIA sm_90, 32-wide warps), ``"gfx942"`` (AMD, 64-wide
+    wavefronts) or a name of :data:`XPU_TARGETS` (Intel, 32-wide sub-groups as Intel's Triton
+    uses by default).
+
+    :raises ValueError: for a name that is none of these.
+    """
     from triton.backends.compiler import GPUTarget
 
-    return GPUTarget("hip", arch, 64) if arch.startswith("gfx") else GPUTarget("cuda", int(arch), 32)
+    if arch in XPU_TARGETS:
+        return GPUTarget("xpu", XPU_TARGETS[arch], 32)
+    if arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    if not arch.isdigit():
+        raise ValueError(
+            f"unknown target {arch!r}: a compute capability (90), a gfx target or one of {sorted(XPU_TARGETS)}"
+        )
+    return GPUTarget("cuda", int(arch), 32)
+
+
+def target_name(arch: str) -> str:
+    """``sm_90`` for a compute capability, else the name as given."""
+    return f"sm_{arch}" if arch.isdigit() else arch
 
 
 def compile_all(archs: list[str], dtypes: list[str], head_sizes: list[int]) -> list[str]:
@@ -87,32 +127,40 @@ def compile_all(archs: list[str], dtypes: list[str], head_sizes: list[int]) -> l
                     names = fn.arg_names
                     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
                     src = ASTSource(fn, signature, constexprs={(names.index(k),): v for k, v in consts.items()})
-                    name = arch if arch.startswith("gfx") else f"sm_{arch}"
+                    name = target_name(arch)
                     what = f"{fn.__name__} {name} {dtype} head_size={head_size}"
                     try:
                         compiled = triton.compile(src, target=gpu_target(arch), options={"num_warps": warps})
                     except Exception as exc:  # report every kernel, not just the first
                         failures.append(f"{what}: {type(exc).__name__}: {str(exc)[:400]}")
                         continue
-                    shared = compiled.metadata.shared
-                    if shared > SHARED_LIMIT.get(arch, 99 * 1024):
-                        failures.append(f"{what}: needs {shared} B shared memory, {name} has {SHARED_LIMIT[arch]}")
+                    shared, limit = compiled.metadata.shared, SHARED_LIMIT.get(arch, 99 * 1024)
+                    if shared > limit:
+                        failures.append(f"{what}: needs {shared} B shared memory, {name} has {limit}")
     return failures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", nargs="+", default=["80", "86", "90"], help="compute capabilities or gfx targets")
+    parser.add_argument(
+        "--arch",
+        nargs="+",
+        default=["80", "86", "90"],
+        help=f"compute capabilities, gfx targets or {', '.join(XPU_TARGETS)}",
+    )
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp32"], choices=sorted(TORCH_NAME))
     parser.add_argument("--head-size", type=int, nargs="+", default=[128])
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU", file=sys.stderr)
         return 2
+    total = len(args.arch) * sum(len(list(kernel_specs(d, h))) for d in args.dtype for h in args.head_size)
     failures = compile_all(args.arch, args.dtype, args.head_size)
     for line in failures:
         print("FAIL", line)
-    print(f"{len(failures)} failures")
+    print(
+        f"{total - len(failures)} of {total} kernel variants compiled for {' '.join(map(target_name, args.arch))}; {len(failures)} failures"
+    )
     return 1 if failures else 0
 
 
