@@ -180,7 +180,8 @@ class EngineSettings:
     speculative_config: dict[str, Any] | None = setting(
         None,
         'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": k, '
-        '"prompt_lookup_min": a, "prompt_lookup_max": b}',
+        '"prompt_lookup_min": a, "prompt_lookup_max": b} or {"method": "draft_model", "model": PATH, '
+        '"num_speculative_tokens": k}',
         metavar="JSON",
         parse=json_object,
     )
