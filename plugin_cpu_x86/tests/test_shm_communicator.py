@@ -110,3 +110,33 @@ def test_fused_decoder_of_a_shard_equals_its_eager_forward(tmp_path, tiny_llama)
             assert torch.equal(actual, expected), f"rank {rank} step {step}: {(actual - expected).abs().max()}"
     for (h0, _), (h1, _) in zip(results[0]["steps"], results[1]["steps"], strict=True):
         assert torch.equal(h0, h1)  # the ranks' residual streams agree bit for bit
+
+
+@pytest.mark.slow  # two engines, one with two worker processes
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_tp2_engine_greedy_equals_tp1(tiny_llama, backend):
+    """The engine's path: each worker's communicator from the platform, the fused decoder on both ranks."""
+    from core import LLM, SamplingParams
+
+    prompts = [[1, 5, 9, 200, 7], [3, 130, 64]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def greedy(**kwargs) -> list[list[int]]:
+        llm = LLM(model=str(tiny_llama), device="cpu_x86", dtype="float32", skip_tokenizer_init=True,
+                  max_model_len=128, kv_cache_bytes=1 << 22, **kwargs)  # fmt: skip
+        try:
+            outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        return [o.outputs[0].token_ids for o in outs]
+
+    expected = greedy()
+    if backend == "mp":
+        assert greedy(tensor_parallel_size=2) == expected
+        return
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # the ranks are actors on one node
+    try:
+        assert greedy(tensor_parallel_size=2, distributed_executor_backend="ray") == expected
+    finally:
+        ray.shutdown()

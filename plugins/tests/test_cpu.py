@@ -199,3 +199,19 @@ def test_default_step_budget_is_0_3_s_of_prefill_on_the_bound_cores(monkeypatch)
     monkeypatch.setenv("CORE_CPU_OMP_THREADS_BIND", "nobind")  # every allowed CPU, shared by the ranks
     expected = min(2048, max(64, -(-int(75 * len(mine)) // 16) * 16))
     assert HostCpuPlatform().default_max_num_batched_tokens(engine_config()) == expected
+
+
+def test_a_process_started_from_a_pinned_thread_keeps_its_parents_cpus():
+    """A worker spawned after an engine pinned its parent's thread (taskset stands in for the
+    pin) plans on every CPU the parent had, not on the one it inherited the pin to."""
+    import subprocess
+    import sys
+
+    mine = process_cpus()
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    code = "from plugins.host import process_cpus; print(process_cpus())"
+    child = subprocess.run(
+        ["taskset", "-c", str(mine[0]), sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert child.stdout.strip() == str(mine)

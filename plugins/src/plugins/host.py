@@ -79,6 +79,8 @@ def first_sibling(cpu: int, root: str = SYS_CPU) -> int:
 
 
 _process_cpus: list[int] | None = None
+#: carries :func:`process_cpus` to the processes this one starts (they inherit its environment)
+PROCESS_CPUS_ENV = "CORE_PROCESS_CPUS"
 
 
 def process_cpus() -> list[int]:
@@ -87,8 +89,13 @@ def process_cpus() -> list[int]:
     Binding pins the calling thread; a thread it starts later (the server's engine
     thread) and a second engine built in the same thread would otherwise take that
     pinned set for all the process has (a second ``LLM`` would plan, and decode on, one core).
+    A process started from a pinned thread inherits the pin, so the set is also handed down
+    (:data:`PROCESS_CPUS_ENV`): tensor-parallel workers spawned after an engine ran in their
+    parent still share their parent's CPUs, one core each on two, rather than its one pinned core.
     """
     global _process_cpus
     if _process_cpus is None:
-        _process_cpus = sorted(os.sched_getaffinity(0))
+        inherited = os.environ.get(PROCESS_CPUS_ENV)
+        _process_cpus = parse_cpu_list(inherited) if inherited else sorted(os.sched_getaffinity(0))
+        os.environ[PROCESS_CPUS_ENV] = ",".join(map(str, _process_cpus))
     return _process_cpus
