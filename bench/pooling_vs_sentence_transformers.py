@@ -1,12 +1,17 @@
 """Embeddings per second: all-MiniLM-L6-v2 through core's offline API (``LLM.embed``) against
 sentence-transformers on the same CPU threads, 1,000 sentences of mixed length, in one invocation.
 
-    python bench/pooling_vs_sentence_transformers.py [--threads N] [--rounds 3] [--device auto] [--server] [--llama-server]
+    python bench/pooling_vs_sentence_transformers.py [--threads N] [--rounds 5] [--device auto]
+        [--quantization bf16] [--server] [--llama-server]
 
 Both see the same sentences in the same order; each side runs ``--rounds`` timed passes after a
-warm-up, alternating (so a change in the machine's load hits both), and the best pass counts.
+warm-up, alternating (so a change in the machine's load hits both); each round's ratio is core's
+rate over sentence-transformers' in that round, and the median of those ratios is the figure (the
+best pass of each side is printed too, with the load average at each round).
 sentence-transformers runs with ``torch.set_num_threads(N)`` at its default batch size (32,
-sorted by length); core runs with its platform's own threading on the same N CPUs. It prints
+sorted by length) in float32; core runs with its platform's own threading on the same N CPUs,
+in ``--dtype`` with ``--quantization`` (``bf16``: weights rounded to bfloat16 at load, products
+summed in float32, the rest in float32). It prints
 the CPU (``lscpu``), the embeddings/s of each, their ratio and the lowest cosine between them.
 With ``--server`` it also times ``core serve``'s ``/v1/embeddings`` and with ``--llama-server``
 llama.cpp's (the folder converted by llama.cpp's convert_hf_to_gguf.py to a float32 GGUF; the
@@ -22,6 +27,7 @@ import os
 import random
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,9 +105,10 @@ def server_rate(cmd: list[str], ready: str, texts: list[str], rounds: int) -> tu
         proc.wait(30)
 
 
-def core_serve_cmd(path: str, device: str, dtype: str) -> list[str]:
+def core_serve_cmd(path: str, device: str, dtype: str, quantization: str | None) -> list[str]:
     serve = [sys.executable, "-m", "core.cli", "serve", path, "--device", device, "--dtype", dtype]
-    return [*serve, "--port", "0", "--host", "127.0.0.1"]
+    quant = [] if quantization is None else ["--quantization", quantization]
+    return [*serve, *quant, "--port", "0", "--host", "127.0.0.1"]
 
 
 def llama_server_cmd(path: str, threads: int) -> list[str]:
@@ -129,10 +136,11 @@ def llama_server_cmd(path: str, threads: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="float32", help="core's compute dtype (sentence-transformers: float32)")
+    parser.add_argument("--quantization", default=None, help="core's --quantization (e.g. bf16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--server", action="store_true", help="also time core serve's /v1/embeddings")
     parser.add_argument("--llama-server", action="store_true", help="also time llama.cpp's llama-server --embedding")
@@ -151,7 +159,7 @@ def main() -> None:
 
     st = SentenceTransformer(path, device="cpu")
     extra = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
-    llm = LLM(path, device=args.device, dtype=args.dtype, **extra)
+    llm = LLM(path, device=args.device, dtype=args.dtype, quantization=args.quantization, **extra)
     core_threads = torch.get_num_threads()  # as the platform set it for its engine thread
 
     def run_st() -> tuple[float, torch.Tensor]:
@@ -170,7 +178,9 @@ def main() -> None:
     st.encode(texts[:64], batch_size=32)
     llm.embed(texts[:64], use_tqdm=False)
     times: dict[str, list[float]] = {"sentence-transformers": [], "core": []}
+    loads = []
     for _ in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         seconds, ref = run_st()
         times["sentence-transformers"].append(seconds)
         seconds, ours = run_core()
@@ -178,20 +188,24 @@ def main() -> None:
     tokens = sum(len(t) for t in llm.get_tokenizer()(texts)["input_ids"])
     print(f"CPU: {cpu_description()}")
     print(f"torch {torch.__version__}; {args.threads} threads (CPUs {cpus}); core on {llm.engine.platform.name} "
-          f"in {llm.engine.config.dtype}, "
+          f"in {llm.engine.config.dtype} (quantization {args.quantization}), "
           f"max_num_batched_tokens={llm.engine.config.max_num_batched_tokens}")  # fmt: skip
     print(f"{len(texts)} sentences, {tokens} tokens (mean {tokens / len(texts):.1f})")
     rates = {}
     for name, runs in times.items():
         rates[name] = len(texts) / min(runs)
         print(f"{name:>22}: {rates[name]:7.1f} embeddings/s (best of {', '.join(f'{s:.2f}' for s in runs)} s)")
-    print(f"core / sentence-transformers: {rates['core'] / rates['sentence-transformers']:.2f}x")
+    ratios = [st_s / core_s for st_s, core_s in zip(times["sentence-transformers"], times["core"], strict=True)]
+    print(f"core / sentence-transformers per round: {', '.join(f'{r:.2f}' for r in ratios)} "
+          f"(1-min load average at each round's start: {', '.join(f'{x:.1f}' for x in loads)})")  # fmt: skip
+    print(f"core / sentence-transformers: {statistics.median(ratios):.2f}x median of rounds "
+          f"({rates['core'] / rates['sentence-transformers']:.2f}x best vs best)")  # fmt: skip
     print(f"lowest cosine between them: {float((ours * ref.float()).sum(-1).min()):.6f}")
     llm.shutdown()
     servers = {
         "core serve": (
             args.server,
-            lambda: core_serve_cmd(path, args.device, args.dtype),
+            lambda: core_serve_cmd(path, args.device, args.dtype, args.quantization),
             r"ready: serving on (http://\S+)",
         ),
         "llama-server": (args.llama_server, lambda: llama_server_cmd(path, args.threads), r"listening on (http://\S+)"),

@@ -62,6 +62,23 @@ def test_embeddings_match_sentence_transformers(llm, reference):
     assert torch.allclose(ours.norm(dim=-1), torch.ones(len(ours)), atol=1e-5)
 
 
+def test_bf16_weights_stay_within_0999_of_sentence_transformers(minilm_dir, reference):
+    """``--quantization bf16``: the linears' weights and inputs rounded to bfloat16, float32 elsewhere."""
+    from plugins.errors import UnsupportedFeature
+
+    try:
+        engine = LLM(str(minilm_dir), quantization="bf16")
+    except UnsupportedFeature as exc:  # kernels without a bfloat16 product (e.g. no AVX512_BF16)
+        pytest.skip(str(exc))
+    try:
+        ours = torch.stack([o.outputs.data for o in engine.embed(SENTENCES[:-1], use_tqdm=False)])
+    finally:
+        engine.shutdown()
+    expected = torch.from_numpy(reference.encode(SENTENCES[:-1], normalize_embeddings=True))
+    cosine = (ours * expected).sum(-1)
+    assert cosine.min() >= 0.999, cosine
+
+
 def test_long_input_is_refused_unless_truncated_as_sentence_transformers_does(llm, reference):
     with pytest.raises(ValueError, match="at most 256.*truncate_prompt_tokens"):
         llm.embed(SENTENCES[-1:], use_tqdm=False)

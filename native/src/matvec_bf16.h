@@ -10,32 +10,9 @@
 // after dequant_rows.
 #pragma once
 
+#include "bf16_tile.h"
+
 #if defined(__AVX512BF16__)
-static const int kOpX = 6;          // activation rows of a tile
-static const int kOpC = 4;          // vectors of 16 output rows of a tile
-static const int kOpW = 16 * kOpC;  // weight rows of a packed group
-
-// acc = x rows t0 .. t0+TX (bfloat16, row stride xs) times the packed group (kp k-pairs), stored
-// as out_tile[t * kOpW + column]
-template <int TX>
-static inline void op_tile(const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile) {
-  __m512 acc[TX][kOpC];
-  for (int t = 0; t < TX; ++t)
-    for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_setzero_ps();
-  for (long p = 0; p < kp; ++p) {
-    __m512bh w[kOpC];
-    for (int c = 0; c < kOpC; ++c) w[c] = (__m512bh)_mm512_loadu_si512(wp + p * kOpW + 16 * c);
-    for (int t = 0; t < TX; ++t) {
-      int32_t pair;
-      memcpy(&pair, x + t * xs + 2 * p, 4);
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-      for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], xv, w[c]);
-    }
-  }
-  for (int t = 0; t < TX; ++t)
-    for (int c = 0; c < kOpC; ++c) _mm512_storeu_ps(out_tile + t * kOpW + 16 * c, acc[t][c]);
-}
-
 // out[rows, n] = x[rows, k] (bfloat16, row stride xs) @ W^T, W rows in format QT (an x8 code
 // read as stored). Returns -1 if the packing buffers could not be had.
 template <int QT>
@@ -76,14 +53,7 @@ static int gemm_bf16(const uint8_t *w, const float *row_scale, const bf16_t *x, 
       for (long t0 = 0; t0 < rows; t0 += kOpX) {
         const long tx = rows - t0 < kOpX ? rows - t0 : kOpX;
         const bf16_t *xt = x + t0 * xs;
-        switch (tx) {
-          case 1: op_tile<1>(wp, kp, xt, xs, tile); break;
-          case 2: op_tile<2>(wp, kp, xt, xs, tile); break;
-          case 3: op_tile<3>(wp, kp, xt, xs, tile); break;
-          case 4: op_tile<4>(wp, kp, xt, xs, tile); break;
-          case 5: op_tile<5>(wp, kp, xt, xs, tile); break;
-          default: op_tile<6>(wp, kp, xt, xs, tile); break;
-        }
+        op_tile_rows(tx, wp, kp, xt, xs, tile);
         for (long t = 0; t < tx; ++t)
           for (long r = 0; r < rw; ++r) from_f32(tile[t * kOpW + r] * scale[r] + bj[r], &out[(t0 + t) * n + j + r]);
       }

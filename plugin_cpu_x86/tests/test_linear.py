@@ -285,7 +285,7 @@ def test_other_gguf_types_are_dequantized_at_load(kernels, gen):
 
 
 def test_rejects_unknown_quantization(kernels, gen):
-    assert kernels.supported_quantizations == {"int8", "gguf", "compressed-tensors", "gptq", "awq"}
+    assert kernels.supported_quantizations == {"int8", "bf16", "gguf", "compressed-tensors", "gptq", "awq"}
     with pytest.raises(UnsupportedFeature, match="int4"):
         kernels.prepare_linear(torch.randn(4, 32, generator=gen), "int4")
     bad = GGUFWeight("Q4_1", torch.zeros(4, 7, dtype=torch.uint8), 4, 64)

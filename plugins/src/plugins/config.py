@@ -40,9 +40,10 @@ DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: ``fp8`` is E4M3, as in vLLM
 KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
-#: ``int8`` (weight-only, at load), ``gguf`` (kept as in the file), or the method a Hugging Face
-#: checkpoint's ``quantization_config`` must have
-QUANTIZATIONS = ("int8", "gguf", "compressed-tensors", "gptq", "awq")
+#: ``int8`` (weight-only, at load), ``bf16`` (weights rounded to bfloat16 at load, products of
+#: bfloat16-rounded activations summed in float32), ``gguf`` (kept as in the file), or the method a
+#: Hugging Face checkpoint's ``quantization_config`` must have
+QUANTIZATIONS = ("int8", "bf16", "gguf", "compressed-tensors", "gptq", "awq")
 EXECUTOR_BACKENDS = ("mp", "ray")
 #: grammar libraries of structured outputs (``auto``: llguidance)
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance")
@@ -124,7 +125,7 @@ class EngineSettings:
     )
     quantization: str | None = setting(
         None,
-        "int8 (weights at load), gguf (kept as in the file), or the method a checkpoint must have "
+        "int8 or bf16 (weights at load), gguf (kept as in the file), or the method a checkpoint must have "
         "(default: the checkpoint's own)",
         flags=("--quantization", "-q"),
         choices=QUANTIZATIONS,

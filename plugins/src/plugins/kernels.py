@@ -103,6 +103,16 @@ class Kernels:
         gate, up = x.float().chunk(2, dim=-1)
         return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)
 
+    def linear_gelu(
+        self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None, approximate: str = "none"
+    ) -> torch.Tensor:
+        """(optional) ``gelu(linear(x, weight, bias))``, an encoder's MLP up-projection: a backend may
+        apply the activation in the product's epilogue (one pass over the output instead of two).
+
+        :param approximate: ``"none"`` (erf) or ``"tanh"``, as :func:`torch.nn.functional.gelu`.
+        """
+        return F.gelu(self.linear(x, weight, bias), approximate=approximate)
+
     def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """(optional) Structured outputs: forbid, in place, the tokens a grammar does not allow next.
 

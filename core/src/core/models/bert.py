@@ -22,12 +22,8 @@ from torch import nn
 from core.models.layers import Linear, concat_rows, held_bytes
 from core.partition.tensor_parallel import TensorParallel
 
-_ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
+# hidden_act -> GELU's ``approximate`` (the up-projection runs as ``kernels.linear_gelu``), None: ReLU
+_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "relu": None}
 _LAYER = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)")
 # HF module name -> ours (q/k/v are fused into qkv)
 _MODULES = {
@@ -70,14 +66,18 @@ class BertLayer(nn.Module):
         self.up_proj = Linear(kernels, hidden, inter, has_bias=True)
         self.down_proj = Linear(kernels, inter, hidden, has_bias=True)
         self.mlp_norm = LayerNorm(config.layer_norm_eps)
-        self.act = _ACTIVATIONS[config.hidden_act]
+        self.gelu = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, hidden: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).view(num_tokens, 3, self.num_heads, self.head_size).unbind(1)
         attn = self.kernels.encoder_attention(q, k, v, query_start_loc, seq_lens, self.scale)
         hidden = self.attn_norm(hidden + self.o_proj(attn.reshape(num_tokens, -1)))
-        return self.mlp_norm(hidden + self.down_proj(self.act(self.up_proj(hidden))))
+        if self.gelu is None:
+            up = F.relu(self.up_proj(hidden))
+        else:
+            up = self.kernels.linear_gelu(hidden, self.up_proj.weight, self.up_proj.bias, self.gelu)
+        return self.mlp_norm(hidden + self.down_proj(up))
 
 
 class BertModel(nn.Module):

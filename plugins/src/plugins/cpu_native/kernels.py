@@ -148,6 +148,34 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         self.lib.silu_and_mul(dt, out.data_ptr(), x.data_ptr(), stride, num_rows, n // 2, self.num_threads)
         return out
 
+    def encoder_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: list[int],
+        scale: float,
+    ) -> torch.Tensor:
+        """Native: one call for the whole batch (native/src/encoder.cpp), any token stride (q/k/v
+        may be head views of one fused qkv output)."""
+        dt = NATIVE_DTYPES.get(q.dtype)
+        if (
+            dt is None or k.dtype != q.dtype or v.dtype != q.dtype or not all(_heads_view(x) for x in (q, k, v))
+            or k.shape != v.shape or q.shape[1] % k.shape[1] or q.shape[2] != k.shape[2]
+            or query_start_loc.dtype != torch.int32 or not query_start_loc.is_contiguous()
+        ):  # fmt: skip
+            return super().encoder_attention(q, k, v, query_start_loc, seq_lens, scale)
+        tokens, hq, d = q.shape
+        out = _empty(q, (tokens, hq, d))
+        status = self.lib.encoder_attention(
+            dt, out.data_ptr(), q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            query_start_loc.data_ptr(), len(seq_lens), hq, k.shape[1], d, scale, self.num_threads,
+        )  # fmt: skip
+        if status:
+            raise MemoryError(f"encoder_attention could not allocate its scratch for {max(seq_lens)}-token sequences")
+        return out
+
     def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """Native: the forbidden logits of each row's zero bits set to -inf in one pass over its words."""
         if logits.dtype != torch.float32 or logits.stride(1) != 1 or bitmask.dtype != torch.int32:

@@ -116,6 +116,16 @@ _SIGNATURES = {
     # qt, w, row_scale, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, nthreads
     # (native/src/quant.cpp: int8 activations for the x8 formats, float32 ones for the others)
     "linear": (c_int, [c_int, _P, _P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int]),
+    # dtype, out, q, q_stride, k, k_stride, v, v_stride, starts, num_seqs, hq, hk, d, scale, nthreads
+    # (native/src/encoder.cpp: bidirectional attention within each sequence)
+    "encoder_attention": (
+        c_int,
+        [c_int, _P, _P, c_long, _P, c_long, _P, c_long, _P, c_long, c_long, c_long, c_long, c_float, c_int],
+    ),
+    # packed w, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, act, nthreads
+    # (native/src/encoder.cpp; plugins/cpu_native/bf16.py packs w)
+    "bf16_linear": (c_int, [_P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
+    "bf16_linear_ready": (c_int, []),
     # dtype, x, x_stride, rows, a, r_total, in, row_slots, h, nthreads (native/src/lora.cpp)
     "lora_shrink": (c_int, [c_int, _P, c_long, c_long, _P, c_long, c_long, _P, _P, c_int]),
     # dtype, y, y_stride, h, h_stride, b, n, rank, row_slots, rows, num_slots, nthreads

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from plugins.cpu_native.bf16 import GELU_CODES, Bf16Weight, bf16_linear, pack_bf16
 from plugins.cpu_native.int_linear import native_form
 from plugins.cpu_native.library import (
     ACT16,
@@ -71,6 +72,22 @@ def native_bias(bias: torch.Tensor | None) -> tuple[int | None, int] | None:
     if bias.dtype in NATIVE_DTYPES and bias.is_contiguous():
         return bias.data_ptr(), NATIVE_DTYPES[bias.dtype]
     return None
+
+
+def native_rows(
+    x: torch.Tensor, k: int, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int | None, int]]:
+    """``x`` as 2-D rows of ``k`` with unit stride (copied only where they are not), and the bias
+    with its kernel arguments (:func:`native_bias`): a float32 copy where the kernels cannot read it
+    as it is, which the caller keeps alive for the call."""
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    bias_arg = native_bias(bias)
+    if bias_arg is None:
+        bias = bias.float().contiguous()
+        bias_arg = native_bias(bias)
+    return x2, bias, bias_arg
 
 
 @dataclass(frozen=True)
@@ -200,9 +217,11 @@ def checkpoint_weight(weight: IntWeight) -> QuantizedWeight | IntWeight:
 class QuantLinearMixin:
     """``prepare_linear`` / ``linear`` with native quantized kernels (needs ``self.lib``)."""
 
-    supported_quantizations = frozenset({"int8", "gguf"}) | INT_FORMATS
+    supported_quantizations = frozenset({"int8", "gguf", "bf16"}) | INT_FORMATS
 
     def prepare_linear(self, weight: torch.Tensor | GGUFWeight | IntWeight, quantization: str | None) -> Any:
+        if quantization == "bf16":
+            return self._bf16_weight(weight)
         if isinstance(weight, IntWeight):
             prepared = checkpoint_weight(weight)
             return self._kernel_layout(prepared) if isinstance(prepared, QuantizedWeight) else prepared
@@ -215,6 +234,17 @@ class QuantLinearMixin:
             f"quantization {quantization!r} is not supported by the native CPU kernels; "
             f"supported: None, {', '.join(sorted(self.supported_quantizations))}"
         )
+
+    def _bf16_weight(self, weight: Any) -> Bf16Weight:
+        """A full-precision weight rounded to bfloat16 and packed (:mod:`plugins.cpu_native.bf16`)."""
+        if not isinstance(weight, torch.Tensor):
+            raise UnsupportedFeature(f"quantization 'bf16' rounds full-precision weights, not {type(weight).__name__}")
+        if not self.lib.bf16_linear_ready():
+            raise UnsupportedFeature(
+                f"quantization 'bf16' needs the bf16_linear kernel (a CPU with AVX512_BF16); "
+                f"the {self.lib.isa} kernels have none"
+            )
+        return pack_bf16(weight)
 
     def _kernel_layout(self, w: QuantizedWeight) -> QuantizedWeight:
         """``w`` in the layout of the kernel that runs it: x8 with int8 activations (W8A8
@@ -235,6 +265,8 @@ class QuantLinearMixin:
                 rounded = round_activations(x.float(), weight.fp8_activations, weight.input_scale)
                 return self._quantized_linear(rounded.contiguous(), weight, bias).to(x.dtype)
             return self._quantized_linear(x, weight, bias)
+        if isinstance(weight, Bf16Weight):
+            return self._bf16_linear(x, weight, bias)
         if isinstance(weight, IntWeight):  # no native form: the SDK reference
             return weight.reference_linear(x, bias)
         dt, bias_arg = NATIVE_DTYPES.get(x.dtype), native_bias(bias)
@@ -257,6 +289,26 @@ class QuantLinearMixin:
         finally:
             torch.set_num_threads(prev)
 
+    def linear_gelu(
+        self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None, approximate: str = "none"
+    ) -> torch.Tensor:
+        """bf16 weights: GELU in the kernel's epilogue; other weights: the SDK's two steps."""
+        if isinstance(weight, Bf16Weight) and approximate in GELU_CODES:
+            return self._bf16_linear(x, weight, bias, approximate)
+        return super().linear_gelu(x, weight, bias, approximate)
+
+    def _bf16_linear(
+        self, x: torch.Tensor, w: Bf16Weight, bias: torch.Tensor | None, gelu: str | None = None
+    ) -> torch.Tensor:
+        if x.shape[-1] != w.in_features:
+            raise ValueError(f"linear input has {x.shape[-1]} features, the weight expects {w.in_features}")
+        dt = NATIVE_DTYPES.get(x.dtype)
+        if dt is None:
+            raise UnsupportedFeature(f"bf16 weights take float32 or bfloat16 activations, got {x.dtype}")
+        x2, bias, bias_arg = native_rows(x, w.in_features, bias)
+        out = bf16_linear(self.lib, x2, w, bias, gelu, self.num_threads, dt, bias_arg)
+        return out.reshape(*x.shape[:-1], w.out_features)
+
     def _quantized_linear(self, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         k, n = w.in_features, w.out_features
         dt = NATIVE_DTYPES.get(x.dtype)
@@ -273,13 +325,7 @@ class QuantLinearMixin:
         if dt is None or k % 32:
             out = F.linear(x.float(), w.dequantize(), None if bias is None else bias.float())
             return out.to(x.dtype)
-        x2 = x.reshape(-1, k)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
-        bias_arg = native_bias(bias)
-        if bias_arg is None:  # a bias the kernels cannot read: a float32 copy, alive for the call
-            bias = bias.float().contiguous()
-            bias_arg = native_bias(bias)
+        x2, bias, bias_arg = native_rows(x, k, bias)
         out = x.new_empty((*x.shape[:-1], n))
         self._native_linear(w.call_code, w.data_ptr, w.scales_ptr, n, k, dt, x2.data_ptr(), x2.stride(0), x2.shape[0],
                             out.data_ptr(), *bias_arg)  # fmt: skip

@@ -131,6 +131,18 @@ class KernelChecks(ConformanceBase):
         expected = ref.linear(x.float(), w.float(), b.float())
         self._assert_close(got, expected, dtype_name, what)
 
+    @pytest.mark.parametrize("approximate", ["none", "tanh"])
+    def test_linear_gelu(self, device_plat, ref, gen, dtype_name, approximate) -> None:
+        dev = device_plat.torch_device()
+        x = self._rand((7, 128), dtype_name, dev, gen)
+        w = self._rand((256, 128), dtype_name, dev, gen, 128**-0.5)
+        b = self._rand((256,), dtype_name, dev, gen)
+        what = f"linear_gelu (approximate={approximate!r}) on random N(0,1) x [7, 128], weight [256, 128]"
+        with self._named(what, dtype_name):
+            got = device_plat.kernels.linear_gelu(x, device_plat.kernels.prepare_linear(w, None), b, approximate)
+        expected = ref.linear_gelu(x.float(), w.float(), b.float(), approximate)
+        self._assert_close(got, expected, dtype_name, what)
+
     @pytest.mark.parametrize("block_size,fused", [(16, False), (32, False), (16, True)])
     def test_write_kv_cache(self, device_plat, ref, gen, dtype_name, block_size, fused) -> None:
         meta, k_cache, v_cache = self._kv_case(device_plat, gen, dtype_name, [5, 1, 19], [5, 40, 19], 2, 64, block_size)

@@ -1,0 +1,46 @@
+// AVX512_BF16 builds: the outer-product register tile of the bfloat16 products (gemm_bf16 in
+// matvec_bf16.h, bf16_linear in encoder.cpp), as oneDNN's AVX512_BF16 kernels: weights packed
+// in groups of kOpW = 64 rows, k-pairs x rows ([k/2][64 rows][2]: one 32-bit pair per row); a
+// tile of kOpX = 6 activation rows x 4 vectors of 16 output rows takes, per k-pair, one
+// broadcast pair of each activation row and one vdpbf16ps per accumulator (24 of 32
+// registers), with no horizontal sums. Included inside a kernel source's CK_NS namespace.
+#pragma once
+
+#if defined(__AVX512BF16__)
+static const int kOpX = 6;          // activation rows of a tile
+static const int kOpC = 4;          // vectors of 16 output rows of a tile
+static const int kOpW = 16 * kOpC;  // weight rows of a packed group
+
+// acc = x rows t0 .. t0+TX (bfloat16, row stride xs) times the packed group (kp k-pairs), stored
+// as out_tile[t * kOpW + column]
+template <int TX>
+static inline void op_tile(const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile) {
+  __m512 acc[TX][kOpC];
+  for (int t = 0; t < TX; ++t)
+    for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_setzero_ps();
+  for (long p = 0; p < kp; ++p) {
+    __m512bh w[kOpC];
+    for (int c = 0; c < kOpC; ++c) w[c] = (__m512bh)_mm512_loadu_si512(wp + p * kOpW + 16 * c);
+    for (int t = 0; t < TX; ++t) {
+      int32_t pair;
+      memcpy(&pair, x + t * xs + 2 * p, 4);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], xv, w[c]);
+    }
+  }
+  for (int t = 0; t < TX; ++t)
+    for (int c = 0; c < kOpC; ++c) _mm512_storeu_ps(out_tile + t * kOpW + 16 * c, acc[t][c]);
+}
+
+// op_tile on the first tx <= kOpX rows
+static inline void op_tile_rows(long tx, const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile) {
+  switch (tx) {
+    case 1: op_tile<1>(wp, kp, x, xs, out_tile); break;
+    case 2: op_tile<2>(wp, kp, x, xs, out_tile); break;
+    case 3: op_tile<3>(wp, kp, x, xs, out_tile); break;
+    case 4: op_tile<4>(wp, kp, x, xs, out_tile); break;
+    case 5: op_tile<5>(wp, kp, x, xs, out_tile); break;
+    default: op_tile<6>(wp, kp, x, xs, out_tile); break;
+  }
+}
+#endif  // __AVX512BF16__

@@ -1,0 +1,276 @@
+// Encoder (pooling model) kernels: bidirectional attention within each sequence of a
+// flattened batch, and the linear on bfloat16 weights packed once at load.
+//
+// encoder_attention: every query of a sequence sees every key of it (no mask, no KV cache).
+// One work item is (sequence, kv head): its keys are transposed into a float [d][n] panel and
+// its values widened into [n][d] once for the `group` query heads sharing them; each query's
+// scores are then n-wide FMA rows over d (no horizontal sums), a float32 softmax (fast_exp)
+// and value rows accumulated into d-wide sums. Plain loops the compiler vectorizes on every
+// ISA of the library (x86, NEON, z vector, scalar).
+//
+// bf16_linear (AVX512_BF16 builds): y = x @ W^T + bias, optionally through GELU, with W
+// rounded to bfloat16 and packed in bf16_tile.h's groups at load (plugins/cpu_native/bf16.py)
+// and x rounded to bfloat16 (round to nearest even, as torch's .bfloat16()) in one pass; the
+// products are summed in float32 (vdpbf16ps). Activation rows are taken a block at a time
+// (kXBlockBytes of bfloat16 rows, kept in L2 across the weight groups).
+#include <stdlib.h>
+
+#include <type_traits>
+
+#include "blocks.h"
+#include "simd.h"
+
+namespace CK_NS {
+
+#include "bf16_tile.h"
+
+#if defined(CK_V8)
+static const int kQTile = 4;  // queries a pass over a sequence's keys (and values) takes
+static const int kMaxVecs = 4;  // head vectors of values a pass accumulates (16 accumulators)
+
+// s[t][j] = q_t . k_j for the kQTile queries qf [kQTile][d] and the keys of kt ([d][np]):
+// a vector of keys at a time, one FMA per query and element (no horizontal sums)
+static inline void scores_tile(const float *qf, const float *kt, long np, long d, float *s) {
+  for (long j = 0; j < np; j += kVW) {
+    vw acc[kQTile];
+    for (int t = 0; t < kQTile; ++t) acc[t] = vw_zero();
+    for (long i = 0; i < d; ++i) {
+      const vw kv = vw_load(kt + i * np + j);
+      for (int t = 0; t < kQTile; ++t) acc[t] = vw_fma(vw_set1(qf[t * d + i]), kv, acc[t]);
+    }
+    for (int t = 0; t < kQTile; ++t) vw_store(s + t * np + j, acc[t]);
+  }
+}
+
+// o[t][c0 .. c0 + CV * kVW) = sum over keys j < n of p[t][j] * v_j (vf [n][d])
+template <int CV>
+static inline void values_tile(const float *p, long np, const float *vf, long n, long d, long c0, float *o) {
+  vw acc[kQTile][CV];
+  for (int t = 0; t < kQTile; ++t)
+    for (int c = 0; c < CV; ++c) acc[t][c] = vw_zero();
+  for (long j = 0; j < n; ++j) {
+    vw vv[CV];
+    for (int c = 0; c < CV; ++c) vv[c] = vw_load(vf + j * d + c0 + c * kVW);
+    for (int t = 0; t < kQTile; ++t) {
+      const vw pt = vw_set1(p[t * np + j]);
+      for (int c = 0; c < CV; ++c) acc[t][c] = vw_fma(pt, vv[c], acc[t][c]);
+    }
+  }
+  for (int t = 0; t < kQTile; ++t)
+    for (int c = 0; c < CV; ++c) vw_store(o + t * d + c0 + c * kVW, acc[t][c]);
+}
+#endif
+
+// s[j] (j < n) = softmax of the scores s[j] (float32)
+static inline void softmax_row(float *s, long n) {
+  float m = s[0];
+  for (long j = 1; j < n; ++j) m = fmax_(m, s[j]);
+  float sum = 0.0f;
+  for (long j = 0; j < n; ++j) {
+    s[j] = fast_exp(s[j] - m);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (long j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// Attention of query heads h0 .. h0 + group - 1 of one sequence (n tokens, queries q with
+// token stride qs) over its keys kt ([d][np], transposed, zero past n) and values vf ([n][d]).
+// Scratch: qf (kQTile x d floats), s (kQTile x np), o (kQTile x d).
+template <typename T>
+static void attend_group(const T *q, long qs, long h0, long group, long n, long np, long d, float scale,
+                         const float *kt, const float *vf, T *out, long os, float *qf, float *s, float *o) {
+#if defined(CK_V8)
+  if (d % kVW == 0) {  // kQTile queries at a time; rows past n are zeros, their results unused
+    for (long g = 0; g < group; ++g)
+      for (long t0 = 0; t0 < n; t0 += kQTile) {
+        const long tq = n - t0 < kQTile ? n - t0 : kQTile;
+        for (long t = 0; t < kQTile; ++t)
+          for (long i = 0; i < d; ++i) qf[t * d + i] = t < tq ? to_f32(q[(t0 + t) * qs + (h0 + g) * d + i]) * scale : 0.0f;
+        scores_tile(qf, kt, np, d, s);
+        for (long t = 0; t < tq; ++t) softmax_row(s + t * np, n);
+        for (long c0 = 0; c0 < d; c0 += kMaxVecs * kVW) {
+          switch ((d - c0) / kVW < kMaxVecs ? (d - c0) / kVW : kMaxVecs) {
+            case 1: values_tile<1>(s, np, vf, n, d, c0, o); break;
+            case 2: values_tile<2>(s, np, vf, n, d, c0, o); break;
+            case 3: values_tile<3>(s, np, vf, n, d, c0, o); break;
+            default: values_tile<4>(s, np, vf, n, d, c0, o); break;
+          }
+        }
+        for (long t = 0; t < tq; ++t)
+          for (long i = 0; i < d; ++i) from_f32(o[t * d + i], &out[(t0 + t) * os + (h0 + g) * d + i]);
+      }
+    return;
+  }
+#endif
+  for (long g = 0; g < group; ++g)  // one query at a time, plain loops
+    for (long t = 0; t < n; ++t) {
+      for (long j = 0; j < n; ++j) s[j] = 0.0f;
+      for (long i = 0; i < d; ++i) {
+        const float qv = to_f32(q[t * qs + (h0 + g) * d + i]) * scale;
+        for (long j = 0; j < n; ++j) s[j] += qv * kt[i * np + j];
+      }
+      softmax_row(s, n);
+      for (long i = 0; i < d; ++i) o[i] = 0.0f;
+      for (long j = 0; j < n; ++j)
+        for (long i = 0; i < d; ++i) o[i] += s[j] * vf[j * d + i];
+      for (long i = 0; i < d; ++i) from_f32(o[i], &out[t * os + (h0 + g) * d + i]);
+    }
+}
+
+template <typename T>
+static int encoder_attention_typed(T *out, const T *q, long qs, const T *k, long ks, const T *v, long vs,
+                                   const int32_t *starts, long num_seqs, long hq, long hk, long d, float scale,
+                                   int nthreads) {
+#if defined(CK_V8)
+  const long lanes = kVW, tile = kQTile;
+#else
+  const long lanes = 1, tile = 1;
+#endif
+  long max_n = 0;
+  for (long i = 0; i < num_seqs; ++i) max_n = starts[i + 1] - starts[i] > max_n ? starts[i + 1] - starts[i] : max_n;
+  const long max_np = (max_n + lanes - 1) / lanes * lanes, group = hq / hk, total = starts[num_seqs] - starts[0];
+  int failed = 0;
+  parallel_for(num_seqs * hk, 1, nthreads, total * hq * d >= (1L << 14), [&](long lo, long hi) {
+    float *buf = (float *)malloc((max_np * d + max_n * d + tile * (max_np + 2 * d)) * sizeof(float));
+    if (!buf) {
+      __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    float *kt = buf, *vf = kt + max_np * d, *qf = vf + max_n * d, *s = qf + tile * d, *o = s + tile * max_np;
+    for (long item = lo; item < hi; ++item) {
+      const long seq = item / hk, kvh = item % hk, t0 = starts[seq], n = starts[seq + 1] - t0;
+      const long np = (n + lanes - 1) / lanes * lanes;
+      if (n <= 0) continue;
+      const T *kr = k + t0 * ks + kvh * d, *vr = v + t0 * vs + kvh * d;
+      for (long i = 0; i < d; ++i)
+        for (long j = 0; j < np; ++j) kt[i * np + j] = j < n ? to_f32(kr[j * ks + i]) : 0.0f;
+      for (long j = 0; j < n; ++j)
+        for (long i = 0; i < d; ++i) vf[j * d + i] = to_f32(vr[j * vs + i]);
+      attend_group(q + t0 * qs, qs, kvh * group, group, n, np, d, scale, kt, vf, out + t0 * hq * d, hq * d, qf, s, o);
+    }
+    free(buf);
+  });
+  return failed ? -1 : 0;
+}
+
+#if defined(__AVX512BF16__)
+static const long kXBlockBytes = 96L << 10;
+enum { kActNone = 0, kActGelu = 1, kActGeluTanh = 2 };
+
+// erf(x) to ~1.5e-7 (Abramowitz & Stegun 7.1.26), written to vectorize (no libm call)
+static inline float erf_approx(float x) {
+  const float a = x < 0.0f ? -x : x, t = 1.0f / (1.0f + 0.3275911f * a);
+  float p = 1.061405429f;
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const float y = 1.0f - p * t * fast_exp(-a * a);
+  return x < 0.0f ? -y : y;
+}
+
+// GELU of x: exact (erf) or tanh-approximated; tanh(u) = 1 - 2 / (exp(2u) + 1)
+static inline float gelu(float x, int act) {
+  if (act == kActGelu) return 0.5f * x * (1.0f + erf_approx(x * 0.70710678118654752f));
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (2.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f));
+}
+
+template <typename T>
+static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, long xs, long rows, T *out,
+                             const void *bias, int bias_dt, int act, int nt) {
+  const long kp = k / 2, groups = (n + kOpW - 1) / kOpW;
+  const bf16_t *xb = NULL;
+  long xbs = k;
+  bf16_t *rounded = NULL;
+  if constexpr (std::is_same<T, bf16_t>::value) {
+    xb = x;
+    xbs = xs;
+  } else {  // k is a multiple of 32: two vectors of 16 floats round to one of 32 bfloat16
+    rounded = (bf16_t *)aligned_alloc(64, (rows * k * sizeof(bf16_t) + 63) / 64 * 64);
+    if (!rounded) return -1;
+    parallel_for(rows, 16, nt, rows * k >= (1L << 16), [&](long lo, long hi) {
+      for (long r = lo; r < hi; ++r)
+        for (long i = 0; i < k; i += 32)
+          _mm512_storeu_si512(rounded + r * k + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * xs + i + 16),
+                                                                                 _mm512_loadu_ps(x + r * xs + i)));
+    });
+    xb = rounded;
+  }
+  long block = kXBlockBytes / (k * (long)sizeof(bf16_t)) / kOpX * kOpX;
+  block = block < kOpX ? kOpX : block;
+  const long blocks = (rows + block - 1) / block;
+  parallel_for(blocks * groups, 1, nt, rows * n * k >= (1L << 18), [&](long lo, long hi) {
+    alignas(64) float tile[kOpX * kOpW];
+    for (long item = lo; item < hi; ++item) {
+      const long g = item % groups, b = item / groups, j = g * kOpW, rw = n - j < kOpW ? n - j : kOpW;
+      const long r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      float scale[kOpW], bj[kOpW];
+      row_params(NULL, bias, bias_dt, j, rw, scale, bj);
+      for (long t0 = b * block; t0 < r1; t0 += kOpX) {
+        const long tx = r1 - t0 < kOpX ? r1 - t0 : kOpX;
+        op_tile_rows(tx, wp + g * kp * kOpW, kp, xb + t0 * xbs, xbs, tile);
+        for (long t = 0; t < tx; ++t) {
+          float *row = tile + t * kOpW;
+          for (long r = 0; r < rw; ++r) row[r] += bj[r];
+          if (act != kActNone)
+            for (long r = 0; r < rw; ++r) row[r] = gelu(row[r], act);
+          for (long r = 0; r < rw; ++r) from_f32(row[r], &out[(t0 + t) * n + j + r]);
+        }
+      }
+    }
+  });
+  free(rounded);
+  return 0;
+}
+#endif  // __AVX512BF16__
+
+}  // namespace CK_NS
+
+using namespace CK_NS;
+
+extern "C" {
+
+// out [T, hq, d] (dtype, contiguous) = bidirectional attention of each sequence's queries
+// q [T, hq, d] over its keys k / values v [T, hk, d] (dtype; heads contiguous, token strides
+// qs, ks, vs in elements), sequence i owning rows starts[i] .. starts[i + 1] - 1; query head h
+// reads kv head h / (hq / hk). Returns 0, or -1 if a scratch buffer could not be had.
+int CK_FN(encoder_attention)(int dtype, void *out, const void *q, long qs, const void *k, long ks, const void *v,
+                             long vs, const int32_t *starts, long num_seqs, long hq, long hk, long d, float scale,
+                             int nthreads) {
+  if (dtype == CK_F32)
+    return encoder_attention_typed<float>((float *)out, (const float *)q, qs, (const float *)k, ks,
+                                          (const float *)v, vs, starts, num_seqs, hq, hk, d, scale, nthreads);
+  return encoder_attention_typed<bf16_t>((bf16_t *)out, (const bf16_t *)q, qs, (const bf16_t *)k, ks,
+                                         (const bf16_t *)v, vs, starts, num_seqs, hq, hk, d, scale, nthreads);
+}
+
+// 1 where this build has bf16_linear (AVX512_BF16), else 0
+int CK_FN(bf16_linear_ready)(void) {
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// out[rows, n] (dtype, contiguous) = act(x[rows, k] @ W^T + bias): W packed by
+// plugins/cpu_native/bf16.py (bf16_tile.h's groups of 64 rows, k-pairs x rows, zero rows past
+// n), x of dtype with row stride x_stride, k a multiple of 32; act 0 none, 1 GELU (erf), 2 GELU
+// (tanh). Returns 0, -1 if a buffer could not be had, -2 on builds without AVX512_BF16.
+int CK_FN(bf16_linear)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
+                       void *out, const void *bias, int bias_dtype, int act, int nthreads) {
+#if defined(__AVX512BF16__)
+  const uint32_t *wp = (const uint32_t *)w;
+  if (dtype == CK_F32)
+    return bf16_linear_typed<float>(wp, n, k, (const float *)x, x_stride, rows, (float *)out, bias, bias_dtype, act,
+                                    nthreads);
+  return bf16_linear_typed<bf16_t>(wp, n, k, (const bf16_t *)x, x_stride, rows, (bf16_t *)out, bias, bias_dtype,
+                                   act, nthreads);
+#else
+  return -2;
+#endif
+}
+
+}  // extern "C"
