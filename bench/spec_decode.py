@@ -1,18 +1,36 @@
-"""Batch-1 greedy decode with and without n-gram speculative decoding, on the default model.
+"""Batch-1 greedy decode with and without speculative decoding, beside llama.cpp's, on the same GGUF files.
 
-    python bench/spec_decode.py [--tokens 128] [--k 4] [--repeats 3]
+    python bench/spec_decode.py [--tokens 128] [--k 4] [--rounds 3] [--no-llamacpp]
 
-Two workloads: copy-heavy (the model repeats a given text) and plain chat (a short poem).
-Each engine generates the same greedy tokens (checked); printed: tokens/s (best of
-``--repeats``), the speed-up, and the share of draft tokens accepted. Not for CI.
+The target is the default model (SmolLM2-135M-Instruct) as an F16 GGUF; the drafts are n-gram
+lookup and the same model as Q4_0 (both files made by ``bench/gguf_files.py``). Two chat
+workloads: copy-heavy (the model repeats a given function) and plain chat (a short poem).
+Each round runs every configuration once per workload, alternating, and the speed-up of a round is
+its tokens/s over the same round's plain run; printed: the median tokens/s and the median speed-up
+over ``--rounds`` rounds, and the share of draft tokens accepted. Speculative tokens are checked
+equal to the plain run's. llama.cpp runs as ``llama-server`` (the bench cache's build) with
+``--spec-type ngram-simple`` and ``--spec-type draft-simple -md Q4_0``, 2 threads, requests timed
+the same way (wall time of one chat completion). Not for CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import statistics
+import sys
 import time
+from pathlib import Path
 
-from core import LLM, SamplingParams
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gguf_files  # noqa: E402
+import llamacpp  # noqa: E402
+import serve_part  # noqa: E402
+
+from core import LLM, SamplingParams  # noqa: E402
 
 TEXT = (
     "def merge_sort(items):\n    if len(items) <= 1:\n        return items\n    middle = len(items) // 2\n"
@@ -26,14 +44,24 @@ WORKLOADS = {
 }
 
 
-def run(llm: LLM, messages: list[dict], params: SamplingParams, repeats: int) -> tuple[float, list[int]]:
-    best, tokens = 0.0, []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        out = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
-        best = max(best, len(out.token_ids) / (time.perf_counter() - started))
-        tokens = out.token_ids
-    return best, tokens
+def ours(llm: LLM, messages: list[dict], params: SamplingParams) -> tuple[float, list[int]]:
+    """Tokens/s of one chat completion (wall time, prefill included) and its tokens."""
+    started = time.perf_counter()
+    out = llm.chat([messages], params, use_tqdm=False)[0].outputs[0]
+    return len(out.token_ids) / (time.perf_counter() - started), list(out.token_ids)
+
+
+def llama(url: str, messages: list[dict], tokens: int) -> tuple[float, str, tuple[int, int]]:
+    """Tokens/s of one greedy chat completion by llama-server (wall time), its text, (drafted, accepted)."""
+    import httpx
+
+    body = {"messages": messages, "max_tokens": tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": True}
+    started = time.perf_counter()
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()
+    elapsed = time.perf_counter() - started
+    timings = reply.get("timings", {})
+    drafted = (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0))
+    return reply["usage"]["completion_tokens"] / elapsed, reply["choices"][0]["message"]["content"], drafted
 
 
 def main() -> int:
@@ -41,26 +69,91 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--lookup-max", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-llamacpp", action="store_true")
     args = parser.parse_args()
-    ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1}
-    ngram["prompt_lookup_max"] = args.lookup_max
-    engines = {"off": LLM(max_model_len=1024, max_num_seqs=1), "ngram": LLM(max_model_len=1024, max_num_seqs=1,
-                                                                             speculative_config=ngram)}  # fmt: skip
+    files = gguf_files.ensure_gguf_files(("Q4_0", "F16"))
+    target, draft = str(files["F16"]), str(files["Q4_0"])
+    configs = {
+        "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
+                  "prompt_lookup_max": args.lookup_max},
+        "Q4_0 draft": {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k},
+    }  # fmt: skip
+    kw = dict(model=target, max_model_len=1024, max_num_seqs=1)
+    engines = {"off": LLM(**kw)} | {name: LLM(speculative_config=c, **kw) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
-    print(f"batch 1, greedy, up to {args.tokens} tokens; n-gram k={args.k}, lookup 1..{args.lookup_max}")
-    print(f"{'workload':<12} {'tokens':>6} {'off tok/s':>10} {'ngram tok/s':>12} {'speed-up':>9} {'accepted':>9}")
-    for name, messages in WORKLOADS.items():
-        spec = engines["ngram"].engine.spec
-        before = (spec.num_draft_tokens, spec.num_accepted_tokens)
-        off, want = run(engines["off"], messages, params, args.repeats)
-        on, got = run(engines["ngram"], messages, params, args.repeats)
-        if got != want:
-            raise SystemExit(f"{name}: speculative tokens differ from the plain run's")
-        drafted, accepted = spec.num_draft_tokens - before[0], spec.num_accepted_tokens - before[1]
-        rate = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
-        print(f"{name:<12} {len(want):>6} {off:>10.1f} {on:>12.1f} {on / off:>8.2f}x {rate:>9}")
+    rates: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for workload, messages in WORKLOADS.items():
+            want = None
+            for name, llm in engines.items():
+                rate, tokens = ours(llm, messages, params)
+                if want is None:
+                    want = tokens
+                elif tokens != want:
+                    raise SystemExit(f"{workload}, {name}: speculative tokens differ from the plain run's")
+                rates.setdefault((workload, name), []).append(rate)
+    with os.popen("uptime") as up:
+        load = up.read().strip()
+    print(f"target {Path(target).name}; batch 1, greedy, up to {args.tokens} tokens, k={args.k}, "
+          f"n-gram lookup 1..{args.lookup_max}; median of {args.rounds} alternating rounds; {load}")  # fmt: skip
+    print(f"{'workload':<11} {'method':<16} {'tok/s':>7} {'speed-up':>9} {'accepted':>9}")
+    for workload in WORKLOADS:
+        for name, llm in engines.items():
+            runs = rates[(workload, name)]
+            ratios = [r / off for r, off in zip(runs, rates[(workload, "off")], strict=True)]
+            accepted = "-"
+            if llm.engine.spec is not None:
+                s = llm.engine.spec.stats()
+                accepted = f"{100 * s['num_accepted_tokens'] / max(s['num_draft_tokens'], 1):.0f}%*"
+            print(f"{workload:<11} {'core ' + name:<16} {statistics.median(runs):>7.1f} "
+                  f"{statistics.median(ratios):>8.2f}x {accepted:>9}")  # fmt: skip
+    print("* accepted: over both workloads")
+    if not args.no_llamacpp:
+        llama_cpp(target, draft, args)
     return 0
+
+
+def llama_cpp(target: str, draft: str, args: argparse.Namespace) -> None:
+    """The same workloads through llama-server, without and with each speculation type."""
+    server = llamacpp.ensure_tools("llama-server")["llama-server"]
+    base = [str(server), "-m", target, "--port", "{port}", "-t", "2", "-tb", "2", "-c", "2048", "-np", "1"]
+    kinds = {
+        "off": [],
+        "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.lookup_max),
+                  "--spec-ngram-simple-size-m", str(args.k)],
+        "Q4_0 draft": ["--spec-type", "draft-simple", "-md", draft, "--spec-draft-n-max", str(args.k), "-td", "2"],
+    }  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name, extra in kinds.items():
+            try:
+                urls[name] = stack.enter_context(serve_part.server(base + extra, f"llama-server ({name})"))
+            except RuntimeError as exc:
+                print(f"llama.cpp {name}: could not run: {str(exc).splitlines()[0][:300]}")
+        rates: dict[tuple[str, str], list[float]] = {}
+        drafts: dict[str, list[int]] = {name: [0, 0] for name in urls}
+        texts: dict[tuple[str, str], str] = {}
+        for _ in range(args.rounds):
+            for workload, messages in WORKLOADS.items():
+                for name, url in urls.items():
+                    rate, text, (drafted, accepted) = llama(url, messages, args.tokens)
+                    rates.setdefault((workload, name), []).append(rate)
+                    drafts[name][0] += drafted
+                    drafts[name][1] += accepted
+                    texts[(workload, name)] = text
+    with os.popen("uptime") as up:
+        print(f"llama.cpp llama-server, 2 threads; {up.read().strip()}")
+    for workload in WORKLOADS:
+        for name in urls:
+            runs = rates[(workload, name)]
+            ratio = "-"
+            if "off" in urls:
+                ratio = f"{statistics.median(r / o for r, o in zip(runs, rates[(workload, 'off')], strict=True)):.2f}x"
+            same = "" if texts[(workload, name)] == texts.get((workload, "off")) else " (text differs from off)"
+            accepted = f"{100 * drafts[name][1] / drafts[name][0]:.0f}%*" if drafts[name][0] else "-"
+            print(f"{workload:<11} {'llama.cpp ' + name:<21} {statistics.median(runs):>7.1f} {ratio:>9} "
+                  f"{accepted:>9}{same}")  # fmt: skip
 
 
 if __name__ == "__main__":
