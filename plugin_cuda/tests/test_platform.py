@@ -110,7 +110,7 @@ def test_env_parsing() -> None:
         "GPU_MEMORY_UTILIZATION": 0.9,
         "CUDA_ATTENTION_BACKEND": "triton",
         "CUDA_KERNELS": "triton",
-        "CUDA_SKINNY_GEMM": "auto",
+        "CUDA_SKINNY_GEMM": "cublas",
         "CUDA_DECODE_SPLIT_TOKENS": 256,
     }
     got = plat.read_env({"CORE_CUDA_GRAPH_SIZES": "8, 1,2,8", "VLLM_GPU_MEMORY_UTILIZATION": "0.5"})

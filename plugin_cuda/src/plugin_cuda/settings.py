@@ -57,9 +57,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "CUDA_SKINNY_GEMM",
         str,
-        "auto",
-        "products of up to 8 rows (decode batches): auto times the Triton skinny kernel against "
-        "cuBLAS per weight shape at start-up and keeps the faster; triton or cublas always",
+        "cublas",
+        "products of up to 4 rows (decode batches): cublas; auto times a Triton skinny kernel against "
+        "cuBLAS per weight shape at start-up and keeps the faster (on an H200: +1.2% batch-1 decode, "
+        "within noise); triton always",
         choices=("auto", "triton", "cublas"),
     ),
     EnvVar(

@@ -81,7 +81,7 @@ def kernel_specs(dtype: str, head_size: int):
     yield ops._write_kv_kernel, kv, dict(BLOCK_H=8, BLOCK_D=block_d), 4
     skinny = {"x_ptr": ptr, "w_ptr": ptr, "b_ptr": ptr, "out_ptr": ptr}
     for block_n, block_k, warps in gemv.CONFIGS:
-        for rows in (1, 2, 4, 8):
+        for rows in (1, 2, 4):
             if rows * block_n * block_k <= gemv.MAX_TILE:
                 consts = dict(HAS_BIAS=True, M_PAD=rows, BLOCK_N=block_n, BLOCK_K=block_k)
                 yield gemv._skinny_kernel, skinny, consts, warps

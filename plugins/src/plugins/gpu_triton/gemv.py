@@ -10,6 +10,12 @@ chunks, multiplies in float32 on the CUDA cores and needs no second kernel.
 Whether it beats cuBLAS depends on the shape and the GPU, so :class:`SkinnyChooser`
 times both (and a few tile shapes) the first time a shape runs outside a graph
 capture (the runner warms every captured size up first) and keeps the faster.
+
+Measured on an H200 (bench/RESULTS.md, issue 43): timed alone, the kernel beat cuBLAS on
+the short weights at 1-4 rows (qkv 896x1152: 3.0 vs 4.4 us, o_proj 896x896: 2.7 vs 4.7 us,
+down at one row 7.5 vs 7.9 us) and lost on gate_up, on lm_head and at 8 rows everywhere;
+end to end the batch-1 decode gained 1.2% (792 vs 783 tok/s, within run-to-run noise),
+not the ~7% those times add up to. So cuBLAS stays the default and ``auto`` is opt-in.
 """
 
 from __future__ import annotations
@@ -23,22 +29,26 @@ import triton.language as tl
 
 logger = logging.getLogger(__name__)
 
-#: most rows a skinny product takes (decode batches up to this size)
-MAX_ROWS = 8
+#: most rows a skinny product takes (at 8 rows cuBLAS won every shape on an H200)
+MAX_ROWS = 4
 #: ``(block_n, block_k, num_warps)`` tried per shape (each a compile per rows bucket): few rows
 #: per program and a long K chunk give a short weight (o_proj, K=896) hundreds of programs
-#: with all their loads in flight at once
-CONFIGS: tuple[tuple[int, int, int], ...] = (
-    (2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 512, 4), (8, 256, 4), (16, 256, 8), (4, 256, 4), (8, 128, 4),
-)  # fmt: skip
+#: with all their loads in flight at once; (2, 1024, 4) won every shape the kernel won on an H200
+CONFIGS: tuple[tuple[int, int, int], ...] = ((2, 1024, 4), (4, 512, 4), (8, 256, 4))
 #: largest ``rows bucket x block_n x block_k`` product a program holds in registers (no
 #: spills on sm_90 at 4 warps: ``ptxas -v`` on the compiled kernels)
 MAX_TILE = 8192
 #: the tile of mode ``"triton"`` (and the interpreter's tests)
-DEFAULT_CONFIG = (8, 128, 4)
+DEFAULT_CONFIG = (2, 1024, 4)
 #: weight bytes one timing streams per call round, so that no call finds its weight in L2
 #: (50 MiB on an H100, 60 MiB on an H200): decode reads each weight once per step
 FLUSH_BYTES = 128 << 20
+#: weight copies one timing's graph cycles through at most (a graph of a launch per copy)
+MAX_COPIES = 64
+#: smaller weights are not timed (cuBLAS): their products cost a launch whatever runs them,
+#: and timing every tiny shape of a test model compiled dozens of kernels (a kit check on an
+#: H200 ran past its 60 s timeout)
+MIN_TIMED_BYTES = 256 << 10
 #: graph replays per timing
 REPLAYS = 5
 
@@ -117,7 +127,8 @@ class SkinnyChooser:
         key = (triton.next_power_of_2(x.shape[0]), *weight.shape, weight.dtype, bias is not None)
         choice = self.choices.get(key)
         if choice is None:
-            if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+            small = weight.numel() * weight.element_size() < MIN_TIMED_BYTES
+            if small or not x.is_cuda or torch.cuda.is_current_stream_capturing():
                 return None
             try:
                 choice = _time(x, weight, bias)
@@ -137,7 +148,8 @@ def _time(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> C
 
     As in a decode step: replays of a CUDA graph (no launch cost) over copies of the weight
     that together exceed L2 (every call reads its weight from memory)."""
-    copies = [weight] + [weight.clone() for _ in range(FLUSH_BYTES // (weight.numel() * weight.element_size()))]
+    extra = min(MAX_COPIES - 1, FLUSH_BYTES // (weight.numel() * weight.element_size()))
+    copies = [weight] + [weight.clone() for _ in range(extra)]
 
     def us(fn) -> float:
         fn(weight)  # compile outside the capture

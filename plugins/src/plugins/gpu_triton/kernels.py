@@ -51,10 +51,11 @@ class TritonKernels(Kernels):
         fill; default: the current CUDA/HIP GPU's, else 4.
     :param tiles: ``(block_m, block_n)``, queries per prefill program and keys per
         attention tile; default :func:`attention_tiles` (16, 16 under the interpreter).
-    :param skinny_gemm: products of up to 8 rows (decode): ``"auto"`` times the Triton skinny
-        kernel against cuBLAS (CUDA graphs) per shape and keeps the faster, ``"triton"`` or
-        ``"cublas"`` always (:class:`plugins.gpu_triton.gemv.SkinnyChooser`); None: every
-        product through torch, for a platform the chooser cannot time on (xpu).
+    :param skinny_gemm: products of up to 4 rows (decode): ``"cublas"`` (default) through torch,
+        ``"auto"`` times the Triton skinny kernel against cuBLAS (CUDA graphs) per shape and
+        keeps the faster, ``"triton"`` always takes it (:mod:`plugins.gpu_triton.gemv`: why
+        cuBLAS is the default); None: every product through torch, for a platform the
+        chooser cannot time on (xpu).
     """
 
     def __init__(
@@ -64,7 +65,7 @@ class TritonKernels(Kernels):
         decode_split_tokens: int = 256,
         num_sms: int | None = None,
         tiles: tuple[int, int] | None = None,
-        skinny_gemm: str | None = "auto",
+        skinny_gemm: str | None = "cublas",
     ) -> None:
         for label, value, allowed in (
             ("attention_backend", attention_backend, BACKENDS),
