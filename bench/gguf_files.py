@@ -7,7 +7,8 @@ Hugging Face checkpoint by transformers (``hf_baseline.float32_checkpoint``), wr
 float32 GGUF by llama.cpp's ``convert_hf_to_gguf.py --outtype f32`` (from the llama.cpp
 source the bench cache already holds), then quantized by ``llama-quantize --pure`` (every
 tensor, token embedding included, in the one format, as the default file is not: its
-embedding is Q8_0). Files go to ``~/.cache/core-bench/gguf/`` (``CORE_BENCH_CACHE``). Not for CI.
+embedding is Q8_0). ``ensure_gguf_files`` takes any llama-quantize type besides the default
+two: ``bench/spec_decode.py`` asks for ``F16`` (its target) and ``Q4_0`` (its draft). Files go to ``~/.cache/core-bench/gguf/`` (``CORE_BENCH_CACHE``). Not for CI.
 """
 
 from __future__ import annotations
