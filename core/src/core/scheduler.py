@@ -49,7 +49,9 @@ class ScheduledSeq:
     positions ``start_pos ...``, then its ``draft_token_ids`` (a speculating decode: the
     last token and k drafts, ``num_new_tokens`` = k + 1); ``needs_sample`` says whether the
     step must produce a token for it (it reaches ``seq.num_tokens``). All are fixed when it
-    is scheduled.
+    is scheduled, but for a draft model's drafts: their slots are reserved here and the draft
+    tokens written into ``draft_token_ids`` before the step runs
+    (:class:`core.spec_decode.draft_model.DraftModel`).
     """
 
     seq: Sequence
