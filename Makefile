@@ -4,6 +4,8 @@
 #   make test-cross  the CPU kernels of aarch64 and s390x, cross-built and tested under qemu
 #   make test-xla plugin_tpu's XLA tests on torch_xla's CPU device, in a cached venv of
 #                 torch 2.9.0 + torch_xla 2.9.0 outside the clone (scripts/test-xla.sh)
+#   make test-xpu-compile  every shared Triton kernel compiled for Intel GPUs (pvc, dg2) by
+#                 triton-xpu, in a cached venv outside the clone (scripts/test-xpu-compile.sh)
 #   make test-docker  build docker/Dockerfile.cpu and check the served image end to end
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +16,7 @@ PORT ?= 8000
 SOURCES := scripts/install.sh requirements-test.txt $(wildcard $(shell git ls-files plugins core native 'plugin_*' \
 	2>/dev/null || find plugins core native plugin_* -type f -not -path '*/build/*' -not -name '*.pyc'))
 
-.PHONY: install install-test serve test test-cross test-xla test-docker lint dev
+.PHONY: install install-test serve test test-cross test-xla test-xpu-compile test-docker lint dev
 
 install: $(VENV)/.installed
 
@@ -44,6 +46,11 @@ test-cross: install
 
 test-xla:
 	scripts/test-xla.sh
+
+# every shared Triton kernel compiled to SPIR-V for Intel GPU targets (pvc, dg2) by Intel's
+# Triton, in a cached venv outside the clone (scripts/test-xpu-compile.sh)
+test-xpu-compile:
+	scripts/test-xpu-compile.sh
 
 test-docker:
 	docker/test.sh
