@@ -27,8 +27,10 @@ LAYERS: list[set[str]] = [
     {"loader"},
     {"block_manager", "sampler", "resolve"},
     {"scheduler", "request_state"},
-    {"spec_decode"},  # speculative decoding: n-gram proposals and the acceptance rule the engine calls
     {"model_runner"},
+    # speculative decoding: n-gram and draft-model proposals (a draft runs on a ModelRunner of its
+    # own) and the acceptance rule the engine calls
+    {"spec_decode"},
     {"distributed"},  # one rank's worker and the executors that run workers
     {"engine"},
     {"pooling"},  # pooling models: their prefill-only engine, and the choice between it and the engine
