@@ -29,7 +29,8 @@ if [ ! -f "$VENV/.ready" ]; then
     # Level Zero's loader (libze_loader.so) and headers, from the distribution's packages
     DEBS=$(mktemp -d)
     (cd "$DEBS" && apt-get download libze1 libze-dev >/dev/null) || {
-        echo "test-xpu-compile: 'apt-get download libze1 libze-dev' failed: Debian/Ubuntu's Level Zero loader is needed" >&2
+        echo "test-xpu-compile: 'apt-get download libze1 libze-dev' failed: Debian/Ubuntu's Level Zero loader" \
+            "is needed (no package lists? run apt-get update)" >&2
         exit 1
     }
     for deb in "$DEBS"/*.deb; do dpkg-deb -x "$deb" "$DEBS/root"; done
