@@ -99,7 +99,7 @@ def test_step_budget_is_the_platforms_default_unless_set(model_dir):
         (
             {"quantization": "fp4"},
             {},
-            "quantization must be one of int8, gguf, compressed-tensors, gptq, awq, got 'fp4'",
+            "quantization must be one of int8, bf16, gguf, compressed-tensors, gptq, awq, got 'fp4'",
         ),
     ],
 )
