@@ -148,14 +148,17 @@ def _lib_env(lib: Path) -> dict[str, str]:
     return os.environ | {"LLAMA_CPP_LIB_PATH": str(lib)}
 
 
-def batched_bench(bench: Path, model: str, threads: int, n_prompt: int, n_gen: int, parallel: list[int]) -> list[dict]:
-    """Run llama-batched-bench once per parallel level (each with a context just big enough); its jsonl rows."""
+def batched_bench(
+    bench: Path, model: str, threads: int, n_prompt: int, n_gen: int, parallel: list[int], extra: tuple[str, ...] = ()
+) -> list[dict]:
+    """Run llama-batched-bench once per parallel level (each with a context just big enough), with ``extra``
+    arguments (e.g. ``("--lora", path)``); its jsonl rows."""
     rows = []
     for pl in parallel:
         cmd = [
             str(bench), "-m", model, "-c", str(pl * (n_prompt + n_gen) + 64), "-b", "2048", "-ub", "512",
             "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(pl), "-t", str(threads), "-tb", str(threads),
-            "--output-format", "jsonl",
+            "--output-format", "jsonl", *extra,
         ]  # fmt: skip
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode:
