@@ -135,8 +135,8 @@ def test_kit_fails_a_kernel_that_ignores_strides(tmp_path):
     """
     result = run_kit_on_kernels(tmp_path, "Careless", kernels, "-k", "paged_attention", float32_only=True)
     assert result.returncode == 1, result.stdout
-    # the sliding-window and edge-input cases pass contiguous q: they pass
-    assert "2 failed, 10 passed" in result.stdout and ", fused qkv views (float32)" in result.stdout
+    # the sliding-window, edge-input and speculative-step cases pass contiguous q: they pass
+    assert "2 failed, 11 passed" in result.stdout and ", fused qkv views (float32)" in result.stdout
 
 
 def test_greedy_mismatch_names_both_sides_and_the_first_differing_step():
