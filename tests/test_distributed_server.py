@@ -60,7 +60,7 @@ def two_cpus(monkeypatch):
 
 
 def test_tp2_server_reports_a_killed_worker_answers_503_and_exits(tiny_llama, start_server, two_cpus):
-    server = start_server(tiny_llama, "-tp", "2", "--dtype", "float32", "--max-model-len", "256")
+    server = start_server(tiny_llama, "-tp", "2", "--dtype", "float32", "--max-model-len", "512")
     try:
         ok = httpx.post(f"{server.url}/v1/completions", json={**PROMPT, "max_tokens": 4}, timeout=60)
         assert ok.status_code == 200, ok.text
@@ -69,9 +69,16 @@ def test_tp2_server_reports_a_killed_worker_answers_503_and_exits(tiny_llama, st
         assert set(pids) <= family
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a long request in flight when the worker dies
             long = pool.submit(
-                httpx.post, f"{server.url}/v1/completions", json={**PROMPT, "max_tokens": 200}, timeout=60
+                httpx.post, f"{server.url}/v1/completions", json={**PROMPT, "max_tokens": 500}, timeout=60
             )
-            time.sleep(1.0)
+            # the kill must land while it runs: the fused TP decoder makes 500 tokens in well under a
+            # second on a quiet machine (a fixed 1 s sleep let a 200-token request finish first)
+            deadline = time.monotonic() + 30
+            while not re.search(
+                r"^core:num_requests_running\{.*\} [1-9]", httpx.get(f"{server.url}/metrics").text, re.M
+            ):
+                assert time.monotonic() < deadline and not long.done(), "the long request never ran"
+                time.sleep(0.005)
             killed = time.monotonic()
             os.kill(pids[1], signal.SIGKILL)
             answer = long.result()
