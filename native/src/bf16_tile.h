@@ -1,5 +1,5 @@
 // AVX512_BF16 builds: the outer-product register tile of the bfloat16 products (gemm_bf16 in
-// matvec_bf16.h, bf16_linear in encoder.cpp), as oneDNN's AVX512_BF16 kernels: weights packed
+// matvec_bf16.h, linear_bf16w in encoder.cpp), as oneDNN's AVX512_BF16 kernels: weights packed
 // in groups of kOpW = 64 rows, k-pairs x rows ([k/2][64 rows][2]: one 32-bit pair per row); a
 // tile of kOpX = 6 activation rows x 4 vectors of 16 output rows takes, per k-pair, one
 // broadcast pair of each activation row and one vdpbf16ps per accumulator (24 of 32

@@ -8,7 +8,7 @@
 // and value rows accumulated into d-wide sums. Plain loops the compiler vectorizes on every
 // ISA of the library (x86, NEON, z vector, scalar).
 //
-// bf16_linear (AVX512_BF16 builds): y = x @ W^T + bias, optionally through GELU, with W
+// linear_bf16w (AVX512_BF16 builds): y = x @ W^T + bias, optionally through GELU, with W
 // rounded to bfloat16 and packed in bf16_tile.h's groups at load (plugins/cpu_native/bf16.py)
 // and x rounded to bfloat16 (round to nearest even, as torch's .bfloat16()) in one pass; the
 // products are summed in float32 (vdpbf16ps). Activation rows are taken a block at a time
@@ -246,8 +246,9 @@ int CK_FN(encoder_attention)(int dtype, void *out, const void *q, long qs, const
                                          (const bf16_t *)v, vs, starts, num_seqs, hq, hk, d, scale, nthreads);
 }
 
-// 1 where this build has bf16_linear (AVX512_BF16), else 0
-int CK_FN(bf16_linear_ready)(void) {
+// 1 where this build has linear_bf16w (AVX512_BF16), else 0. (Not "bf16_linear": the neon build's
+// ck_neon_bf16_linear is the neon_bf16 build's linear, and both link into one library.)
+int CK_FN(linear_bf16w_ready)(void) {
 #if defined(__AVX512BF16__)
   return 1;
 #else
@@ -259,7 +260,7 @@ int CK_FN(bf16_linear_ready)(void) {
 // plugins/cpu_native/bf16.py (bf16_tile.h's groups of 64 rows, k-pairs x rows, zero rows past
 // n), x of dtype with row stride x_stride, k a multiple of 32; act 0 none, 1 GELU (erf), 2 GELU
 // (tanh). Returns 0, -1 if a buffer could not be had, -2 on builds without AVX512_BF16.
-int CK_FN(bf16_linear)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
+int CK_FN(linear_bf16w)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
                        void *out, const void *bias, int bias_dtype, int act, int nthreads) {
 #if defined(__AVX512BF16__)
   const uint32_t *wp = (const uint32_t *)w;

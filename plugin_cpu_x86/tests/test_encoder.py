@@ -49,8 +49,8 @@ def test_encoder_attention_keeps_sequences_apart(kernels, gen):
 
 
 def bf16_kernels(kernels):
-    if not kernels.lib.bf16_linear_ready():
-        pytest.skip(f"the {kernels.isa} kernels have no bf16_linear (AVX512_BF16 builds only)")
+    if not kernels.lib.linear_bf16w_ready():
+        pytest.skip(f"the {kernels.isa} kernels have no linear_bf16w (AVX512_BF16 builds only)")
     return kernels
 
 
@@ -101,7 +101,7 @@ def test_bf16_linear_reads_rows_apart_and_leading_dimensions(kernels, gen):
 
 
 def test_bf16_weights_refused_where_they_cannot_run(kernels, gen):
-    if not kernels.lib.bf16_linear_ready():
+    if not kernels.lib.linear_bf16w_ready():
         with pytest.raises(UnsupportedFeature, match="AVX512_BF16"):
             kernels.prepare_linear(rand((64, 64), torch.float32, gen), "bf16")
         return

@@ -1,4 +1,4 @@
-"""bfloat16 weights at load (``--quantization bf16``) for the native CPU kernels' ``bf16_linear``.
+"""bfloat16 weights at load (``--quantization bf16``) for the native CPU kernels' ``linear_bf16w``.
 
 Each weight is rounded to bfloat16 once and packed in the layout of native/src/bf16_tile.h:
 groups of 64 output rows (zero rows past the last), each group ``[in/2 k-pairs][64 rows][2]``.
@@ -7,7 +7,7 @@ A call rounds the activations to bfloat16 as well and sums the products in float
 float32 models keep their float32 residual stream, norms and attention, and only the
 products' inputs are rounded (oneDNN's bf16 "fpmath mode"; torch's
 ``set_float32_matmul_precision("medium")``). Needs a library variant with AVX512_BF16
-(``bf16_linear_ready``); :func:`reference_bf16_linear` is the result it must give.
+(``linear_bf16w_ready``); :func:`reference_bf16_linear` is the result it must give.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from plugins.errors import UnsupportedFeature
 
 #: output rows of a packed group (native/src/bf16_tile.h: kOpW)
 GROUP_ROWS = 64
-#: ``act`` codes of native ``bf16_linear`` by GELU's ``approximate``: None (no activation), ``"none"``
+#: ``act`` codes of native ``linear_bf16w`` by GELU's ``approximate``: None (no activation), ``"none"``
 #: (GELU with erf), ``"tanh"`` (tanh-approximated GELU)
 GELU_CODES = {None: 0, "none": 1, "tanh": 2}
 
 
 @dataclass(frozen=True)
 class Bf16Weight:
-    """A linear weight rounded to bfloat16 and packed for ``bf16_linear`` (:func:`pack_bf16`)."""
+    """A linear weight rounded to bfloat16 and packed for ``linear_bf16w`` (:func:`pack_bf16`)."""
 
     packed: torch.Tensor
     out_features: int
@@ -63,7 +63,7 @@ def pack_bf16(weight: torch.Tensor) -> Bf16Weight:
 def reference_bf16_linear(
     x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None, gelu: str | None = None
 ) -> torch.Tensor:
-    """What ``bf16_linear`` computes: the float32 product of the bfloat16-rounded activations and
+    """What ``linear_bf16w`` computes: the float32 product of the bfloat16-rounded activations and
     weights, plus the bias, through GELU unless ``gelu`` (its ``approximate``) is None, in ``x``'s dtype."""
     out = F.linear(x.to(torch.bfloat16).float(), weight.unpacked().float(), None if bias is None else bias.float())
     if gelu is not None:
@@ -86,14 +86,14 @@ def bf16_linear(
     :mod:`plugins.cpu_native.linear` gives them)."""
     rows = x.shape[0]
     out = x.new_empty((rows, weight.out_features))
-    status = lib.bf16_linear(
+    status = lib.linear_bf16w(
         weight.data_ptr, weight.out_features, weight.in_features, dtype_code, x.data_ptr(), x.stride(0), rows,
         out.data_ptr(), *bias_arg, GELU_CODES[gelu], num_threads,
     )  # fmt: skip
     if status == -2:
-        raise UnsupportedFeature("this kernel library variant has no bf16_linear (it needs AVX512_BF16)")
+        raise UnsupportedFeature("this kernel library variant has no linear_bf16w (it needs AVX512_BF16)")
     if status:
         raise MemoryError(
-            f"bf16_linear could not allocate its bfloat16 copy of {rows}x{weight.in_features} activations"
+            f"linear_bf16w could not allocate its bfloat16 copy of {rows}x{weight.in_features} activations"
         )
     return out

@@ -239,9 +239,9 @@ class QuantLinearMixin:
         """A full-precision weight rounded to bfloat16 and packed (:mod:`plugins.cpu_native.bf16`)."""
         if not isinstance(weight, torch.Tensor):
             raise UnsupportedFeature(f"quantization 'bf16' rounds full-precision weights, not {type(weight).__name__}")
-        if not self.lib.bf16_linear_ready():
+        if not self.lib.linear_bf16w_ready():
             raise UnsupportedFeature(
-                f"quantization 'bf16' needs the bf16_linear kernel (a CPU with AVX512_BF16); "
+                f"quantization 'bf16' needs the linear_bf16w kernel (a CPU with AVX512_BF16); "
                 f"the {self.lib.isa} kernels have none"
             )
         return pack_bf16(weight)
