@@ -149,7 +149,7 @@ class TritonKernels(Kernels):
         faster; everything else through the reference (cuBLAS)."""
         if (
             self.ops_backend == "triton"
-            and self.skinny_gemm is not None
+            and self.skinny_gemm in ("auto", "triton")  # the default (cublas) costs no check per product
             and isinstance(weight, torch.Tensor)
             and x.dim() == 2
             and x.dtype == weight.dtype
