@@ -1,9 +1,10 @@
 """The CPU paged-attention kernel alone, decode and prefill shapes of the default model.
 
-    python bench/attention_kernel.py [--threads 1] [--isa auto]
+    python bench/attention_kernel.py [--threads 1] [--isa auto] [--dtype bfloat16]
 
 9 query / 3 KV heads of 64 (SmolLM2-135M), caches (float32 unless `--cache-dtype`: float16, bfloat16,
-float8_e5m2) in shuffled blocks of 16:
+float8_e5m2) in shuffled blocks of 16, queries and output float32 (``--dtype bfloat16``: bfloat16
+queries, output and caches, the ``--dtype bfloat16`` engine's case):
 32 decode rows at context 192 and 64, one decode row at 1024, one 128- and one 512-token
 prompt. Each case is checked against a torch softmax attention first (max abs error
 printed), then timed (best of 20 calls, warm caches), with the FLOP rate
@@ -20,9 +21,10 @@ import time
 import torch
 from plugin_cpu_x86.platform import ISA_TABLE
 from plugins.cpu_native.kernels import NativeCpuKernels, cache_code
-from plugins.cpu_native.library import DTYPE_F32
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32
 
 HQ, HK, D, BLOCK = 9, 3, 64, 16
+DTYPE_CODES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
 CASES = ((32, 1, 192), (32, 1, 64), (1, 1, 1024), (1, 128, 128), (1, 512, 512))  # seqs, query tokens, context
 
 
@@ -43,12 +45,18 @@ def main() -> int:
     p.add_argument("--isa", default="auto", help="CPU_KERNEL_ISA")
     p.add_argument("--layers", type=int, default=1, help="caches the calls rotate through")
     p.add_argument("--cache-dtype", default="float32", choices=("float32", "float16", "bfloat16", "float8_e5m2"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="queries and output")
     args = p.parse_args()
-    cache_dtype = getattr(torch, args.cache_dtype)
-    code = cache_code(torch.float32, cache_dtype)
+    dtype = getattr(torch, args.dtype)
+    cache_dtype = dtype if dtype == torch.bfloat16 else getattr(torch, args.cache_dtype)
+    code = cache_code(dtype, cache_dtype)
     kernels = NativeCpuKernels(ISA_TABLE, args.isa, num_threads=args.threads)
     torch.manual_seed(0)
-    print(f"kernels {kernels.isa}, {args.threads} thread(s), {args.layers} layer(s), {args.cache_dtype} caches")
+    print(
+        f"kernels {kernels.isa}, {args.threads} thread(s), {args.layers} layer(s), {args.dtype} queries and output, ",
+        end="",
+    )
+    print(f"{str(cache_dtype).removeprefix('torch.')} caches")
     for num_seqs, q_len, ctx in CASES:
         blocks = -(-ctx // BLOCK)
         shape = (num_seqs * blocks + 8, BLOCK, HK, D)
@@ -57,18 +65,19 @@ def main() -> int:
         tables = torch.randperm(num_seqs * blocks + 8)[: num_seqs * blocks].to(torch.int32).reshape(num_seqs, blocks)
         starts = (torch.arange(num_seqs + 1) * q_len).to(torch.int32)
         seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32)
-        q = torch.randn(num_seqs * q_len, HQ * D)
+        q = torch.randn(num_seqs * q_len, HQ * D).to(dtype)
         out = torch.empty_like(q)
         calls = [
             (
-                DTYPE_F32, code, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
+                DTYPE_CODES[dtype], code, out.data_ptr(), q.data_ptr(), HQ * D, k.data_ptr(), v.data_ptr(),
                 1.0, 1.0, starts.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), blocks, num_seqs * q_len,
                 num_seqs, HQ, HK, D, BLOCK, D**-0.5, 0, args.threads,
             )
             for k, v in caches
         ]  # fmt: skip
         kernels.lib.paged_attention(*calls[0])
-        error = (out - reference(q, k_cache.float(), v_cache.float(), tables, num_seqs, q_len, ctx)).abs().max().item()
+        ref = reference(q.float(), k_cache.float(), v_cache.float(), tables, num_seqs, q_len, ctx)
+        error = (out.float() - ref).abs().max().item()
         best = float("inf")
         for _ in range(20 if args.layers == 1 else 5):
             start = time.perf_counter()

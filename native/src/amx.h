@@ -1,9 +1,10 @@
-// The tile unit's shared pieces (AMX builds): whether the process may use it, the tiles'
-// configuration, and the bfloat16 halves and 32-bit transposes that TDPBF16PS's operand layouts
-// are made with (matvec_amx.h's products, attention_amx.h's prompt attention).
+// The tile unit's shared pieces (AMX builds): whether the process may use it and the tiles'
+// configuration; and (every AVX512_BF16 build) the bfloat16 halves and 32-bit transposes that
+// TDPBF16PS's operand layouts are made with (matvec_amx.h's products, attention_tiles.h's prompt
+// attention, which vdpbf16ps also runs where there is no tile unit).
 #pragma once
 
-#if defined(__AMX_BF16__)
+#if defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,6 +12,8 @@
 #include "common.h"
 
 namespace CK_NS {
+
+#if defined(__AMX_BF16__)
 
 // whether the tile registers may be used: Linux hands a process their state when asked (a
 // process that may not, e.g. under a seccomp filter, keeps the int16 x8 kernel: quant.cpp)
@@ -31,6 +34,7 @@ static inline void amx_configure() {
   for (int i = 0; i < 8; ++i) cfg.colsb[i] = 64, cfg.rows[i] = 16;
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
+#endif  // __AMX_BF16__
 
 // hi and lo bfloat16 halves of 32 floats (hi = x rounded to nearest even, lo = x - hi rounded:
 // x to ~2^-17), each as 32 16-bit lanes in order (AVX512-BF16's two-register conversion)

@@ -6,8 +6,9 @@
 // sliding-window layer (window > 0). A bfloat16 or float16 cache under float32 queries is
 // read in place, widened as it is loaded (half the bytes of a float32 cache: decode reads
 // every cached row once a step); a one-byte cache (fp8.h) is decoded a chunk of rows at a
-// time into float rows, times the layer's K/V scale. AMX builds take prompts of kAmxPrompt or
-// more tokens on the tile unit instead (attention_amx.h: amx_prompts).
+// time into float rows, times the layer's K/V scale. Prompts of kTilePrompt or more tokens go on
+// 16 x 16 tiles instead (attention_tiles.h: tile_prompts): the tile unit's (AMX builds), or
+// vdpbf16ps ones under bfloat16 compute (AVX512_BF16 builds without the tile unit).
 #include <stdlib.h>
 
 #include <type_traits>
@@ -228,7 +229,7 @@ static long query_tiles(const int32_t *starts, long num_seqs, long tokens, long 
 // load, and a key a token must not see gets probability 0. Up to 4 tokens a tile.
 static const long kQueryTile = 4;
 
-#include "attention_amx.h"  // AMX builds: amx_prompts, prompts on the tile unit
+#include "attention_tiles.h"  // AVX512_BF16 builds: tile_prompts, prompts on tiles
 
 template <typename T, typename C>
 static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
@@ -241,10 +242,19 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
   // sliding-window layers: one token a tile (each token's window starts elsewhere)
   long per_tile = window > 0 ? 1 : kMaxGroup / group;
   per_tile = per_tile < 1 ? 1 : per_tile > kQueryTile ? kQueryTile : per_tile;
-  bool *done = NULL;  // sequences whose prompts the tile unit attended (AMX builds)
+  bool *done = NULL;  // sequences whose prompts went on tiles (AVX512_BF16 builds)
 #if defined(__AMX_BF16__)
-  done = amx_prompts<T, C>(out, q, q_stride, kc, vc, starts, seq_lens, tables, table_stride, num_seqs, hq, hk, d,
-                           block_size, scale, window, lut, code, k_scale, v_scale, nthreads);
+  if (amx_ready())
+    done = tile_prompts<AmxTiles, T, C>(out, q, q_stride, kc, vc, starts, seq_lens, tables, table_stride, num_seqs, hq,
+                                        hk, d, block_size, scale, window, lut, code, k_scale, v_scale, nthreads);
+#endif
+#if defined(__AVX512BF16__)
+  // without the tile unit, bfloat16 compute only: float32's three products a multiply would not
+  // outrun the float32 vector path
+  if constexpr (std::is_same<T, bf16_t>::value)
+    if (!done)
+      done = tile_prompts<VecTiles, T, C>(out, q, q_stride, kc, vc, starts, seq_lens, tables, table_stride, num_seqs,
+                                          hq, hk, d, block_size, scale, window, lut, code, k_scale, v_scale, nthreads);
 #endif
   QueryTile tile_buf[256];
   QueryTile *tiles = tokens + num_seqs <= 256 ? tile_buf : (QueryTile *)malloc((tokens + num_seqs) * sizeof(QueryTile));

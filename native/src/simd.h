@@ -1,7 +1,7 @@
 // The 8-float vector the kernels' vector paths are written against, one definition per
 // ISA: __m256 on x86 (AVX2 and up), two float32x4_t on aarch64 NEON, two __vector float
 // on s390x (z14 and up). Intrinsics live here, in the int8 group kernels of quant.cpp and in
-// the x86 files beside the kernels (amx.h, matvec_avx512.h, matvec_amx.h, attention_amx.h);
+// the x86 files beside the kernels (amx.h, matvec_avx512.h, matvec_amx.h, attention_tiles.h);
 // matvec.cpp and attention.cpp (but for its F16C fp8 row decode) use v8 alone, so their
 // skeleton is the same code on every ISA. CK_V8 is undefined in the scalar build: the kernels
 // then take their plain C++ paths.

@@ -289,9 +289,9 @@ void test_half_rounding(Suite &s) {
 // a large fp8_scale writes mostly subnormal codes. A bfloat16 or float16 cache under float32
 // (cache = BF16 / F16, dtype = F32) is checked likewise: against the values its rows hold as
 // closely as float32, and against the rows as given within the format's rounding.
-// With prompt = 45 (and 7 cached), the prefill is one the AMX build attends on the tile unit
-// (attention_amx.h: amx_prompts, from 16 tokens): 3 query tiles, the last of 13 tokens, over 52
-// keys (a last block of 20).
+// With prompt = 45 (and 7 cached), the prefill is one the AVX512_BF16 builds attend on tiles
+// (attention_tiles.h: tile_prompts, from 16 tokens; the tile unit's, or vdpbf16ps ones under
+// bfloat16 compute): 3 query tiles, the last of 13 tokens, over 52 keys (a last block of 20).
 void test_attention(Suite &s, long d, int dtype, int cache = -1, long window = 0, float fp8_scale = 0.05f,
                     long prompt = 5) {
   const bool fp8 = cache == FP8_E4M3 || cache == FP8_E5M2;
@@ -766,7 +766,7 @@ int main(int argc, char **argv) {
     for (long window : {1L, 5L, 20L}) test_attention(s, 64, F32, -1, window);  // 20: the window spans 2 blocks
     test_attention(s, 64, BF16, -1, 20);
     for (long d : {64L, 96L, 128L, 40L}) test_attention(s, d, F32, -1, 0, 0.05f, 45);  // prompts on AMX's tiles
-    test_attention(s, 64, BF16, -1, 0, 0.05f, 45);
+    for (long d : {64L, 128L}) test_attention(s, d, BF16, -1, 0, 0.05f, 45);  // vdpbf16ps tiles without AMX
     for (int cache : {(int)BF16, (int)F16, (int)FP8_E4M3}) test_attention(s, 64, F32, cache, 0, 0.05f, 45);
     for (long window : {1L, 20L}) test_attention(s, 64, F32, -1, window, 0.05f, 45);
     test_attention(s, 64, BF16, -1, 20, 0.05f, 45);

@@ -1,20 +1,21 @@
-// attention.cpp's prompt attention on the tile unit (AMX builds; elsewhere this file adds
-// nothing). A part of attention.cpp's translation unit, included inside its namespace ahead of
-// attend, which hands amx_prompts the batch first. Uses attention.cpp's kMaxHead, kChunk, RowOf
-// and cache_rows, simd.h and amx.h.
+// attention.cpp's prompt attention on 16 x 16 tiles of TDPBF16PS's operand layouts: on the tile
+// unit (AMX builds) or, with vdpbf16ps standing in for it, on AVX512_BF16 CPUs without one (Zen
+// 4/5; bfloat16 compute only). A part of attention.cpp's translation unit, included inside its
+// namespace ahead of attend, which hands tile_prompts the batch first. Uses attention.cpp's
+// kMaxHead, kChunk, RowOf and cache_rows, simd.h and amx.h.
 #pragma once
 
-#if defined(__AMX_BF16__)
-// Prompt attention on the tile unit (AMX builds). A sequence with kAmxPrompt or more query tokens
-// (d a multiple of 32) has its K/V rows packed once a kv head into the tiles' operand layouts;
-// then each 16 of its query tokens, one query head at a time, are the columns of S^T = K Q^T over
-// 32 keys at a time (two C tiles: keys as rows), of the online softmax, lane by lane (a token's
-// maximum and sum are a lane's: no reduction across a vector), and of O^T += V^T P^T (one C tile
-// per 16 columns of d, four at a time), transposed back at the end. Float32 compute splits Q, K,
+#if defined(__AVX512BF16__)
+// Prompt attention on tiles. A sequence with kTilePrompt or more query tokens (d a multiple of 32)
+// has its K/V rows packed once a kv head into the tiles' operand layouts; then each 16 of its
+// query tokens, one query head at a time, are the columns of S^T = K Q^T over 32 keys at a time
+// (two C tiles: keys as rows), of the online softmax, lane by lane (a token's maximum and sum are
+// a lane's: no reduction across a vector), and of O^T += V^T P^T (one C tile per 16 columns of d,
+// four at a time), transposed back at the end. Float32 compute (the tile unit only) splits Q, K,
 // P and V into bfloat16 hi + lo and takes three products a multiply (matvec_amx.h's scheme: ~2^-17
 // of a product); bfloat16 compute takes hi . hi alone, P rounded to bfloat16.
-static const long kAmxPrompt = 16;
-static const long kAmxPackMax = 256L << 20;  // bytes of packed K/V a call may take; more: the vector path
+static const long kTilePrompt = 16;
+static const long kTilePackMax = 256L << 20;  // bytes of packed K/V a call may take; more: the vector path
 
 // fast_exp (common.h) on 16 lanes
 static inline __m512 exp16(__m512 x) {
@@ -44,7 +45,7 @@ static inline void split16(__m512 v, __m512i *hi, __m512i *lo) {
 // 16 keys' rows (valid of them; the rest zeros) as the A tiles of S^T = K Q^T: for each 32-value
 // step s of d, the rows' 32 values as they are; hi, then (float32 compute) lo 512 values on
 template <bool kHiOnly, typename R>
-static inline void amx_pack_keys(const R *const *rows, long valid, long d, uint16_t *dst) {
+static inline void tile_pack_keys(const R *const *rows, long valid, long d, uint16_t *dst) {
   constexpr long parts = kHiOnly ? 1 : 2;
   for (long s = 0; s < d / 32; ++s)
     for (long j = 0; j < 16; ++j) {
@@ -75,7 +76,7 @@ static inline void pair16(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
 // columns c of d, 16 rows (the columns) x 32 keys, keys 2 kk and 2 kk + 1 in lane kk (the keys'
 // pairs, transposed); hi, then (float32 compute) lo 512 values on
 template <bool kHiOnly, typename R>
-static inline void amx_pack_values(const R *const *rows, long valid, long d, uint16_t *dst) {
+static inline void tile_pack_values(const R *const *rows, long valid, long d, uint16_t *dst) {
   constexpr long parts = kHiOnly ? 1 : 2;
   for (long c = 0; c < d / 16; ++c) {
     __m512i hi[16], lo[16], t[16];
@@ -94,41 +95,91 @@ static inline void amx_pack_values(const R *const *rows, long valid, long d, uin
   }
 }
 
-// C tile C += A B for A's tiles at a (hi; float32 compute: lo 512 values on, their product with
-// B's hi) and B's in tiles 4 (hi) and 5 (lo): S^T's 16 keys += K Q^T for a step of d, or O^T's
-// 16 columns += V^T P^T for 32 keys. TDPBF16PS takes its tiles as literals, hence the cases
-#define CK_AMX_PRODUCTS(C)   \
-  _tile_dpbf16ps(C, 6, 4);   \
-  if constexpr (!kHiOnly) {  \
-    _tile_dpbf16ps(C, 7, 4); \
-    _tile_dpbf16ps(C, 6, 5); \
+// The four C tiles (0-3) and the B tile(s) of the products below, one way per unit: the tile
+// unit's registers (AmxTiles: C tile C += A B is TDPBF16PS on A's tiles 6 (hi) and 7 (lo) and B's
+// tiles 4 (hi) and 5 (lo), whose register numbers the instructions take as literals, hence the
+// cases), or zmm registers (VecTiles: per row m of A and k-pair kk, one vdpbf16ps of A's pair
+// (m, kk) broadcast with B's row kk, the 16 column pairs). Both: begin() on the calling thread
+// before the first product, end() after the last.
+#if defined(__AMX_BF16__)
+#define CK_TILE_CASES(OP) \
+  if constexpr (C == 0) { \
+    OP(0)                 \
+  } else if constexpr (C == 1) { \
+    OP(1)                 \
+  } else if constexpr (C == 2) { \
+    OP(2)                 \
+  } else {                \
+    OP(3)                 \
   }
-template <int C, bool kHiOnly>
-static inline void amx_tile_products(const uint16_t *a) {
-  _tile_loadd(6, a, 64);
-  if constexpr (!kHiOnly) _tile_loadd(7, a + 512, 64);
-  if constexpr (C == 0) {
-    CK_AMX_PRODUCTS(0)
-  } else if constexpr (C == 1) {
-    CK_AMX_PRODUCTS(1)
-  } else if constexpr (C == 2) {
-    CK_AMX_PRODUCTS(2)
-  } else {
-    CK_AMX_PRODUCTS(3)
+#define CK_TILE_ZERO(N) _tile_zero(N);
+#define CK_TILE_STORE(N) _tile_stored(N, dst, 64);
+#define CK_TILE_PRODUCTS(N)    \
+  _tile_dpbf16ps(N, 6, 4);     \
+  if constexpr (!kHiOnly) {    \
+    _tile_dpbf16ps(N, 7, 4);   \
+    _tile_dpbf16ps(N, 6, 5);   \
   }
-}
-#undef CK_AMX_PRODUCTS
+struct AmxTiles {
+  static bool ready() { return amx_ready(); }
+  void begin() { amx_configure(); }
+  void end() { _tile_release(); }
+  template <int C> void zero() { CK_TILE_CASES(CK_TILE_ZERO) }
+  template <bool kHiOnly> void load_b(const uint16_t *b) {
+    _tile_loadd(4, b, 64);
+    if constexpr (!kHiOnly) _tile_loadd(5, b + 512, 64);
+  }
+  // C tile C += A B for A's tiles at a (hi; float32 compute: lo 512 values on, their product with B's hi)
+  template <int C, bool kHiOnly> void products(const uint16_t *a) {
+    _tile_loadd(6, a, 64);
+    if constexpr (!kHiOnly) _tile_loadd(7, a + 512, 64);
+    CK_TILE_CASES(CK_TILE_PRODUCTS)
+  }
+  template <int C> void store(float *dst) { CK_TILE_CASES(CK_TILE_STORE) }
+};
+#undef CK_TILE_PRODUCTS
+#undef CK_TILE_STORE
+#undef CK_TILE_ZERO
+#undef CK_TILE_CASES
+#endif  // __AMX_BF16__
+
+struct VecTiles {
+  alignas(64) float c[4][256];
+  const uint16_t *b = NULL;
+  static bool ready() { return true; }
+  void begin() {}
+  void end() {}
+  template <int C> void zero() { memset(c[C], 0, sizeof(c[C])); }
+  template <bool kHiOnly> void load_b(const uint16_t *p) {
+    static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
+    b = p;
+  }
+  template <int C, bool kHiOnly> void products(const uint16_t *a) {
+    __m512bh bv[16];
+    for (int kk = 0; kk < 16; ++kk) bv[kk] = (__m512bh)_mm512_load_si512(b + 32 * kk);
+    for (int m = 0; m < 16; ++m) {
+      __m512 acc = _mm512_load_ps(c[C] + 16 * m);
+      for (int kk = 0; kk < 16; ++kk) {
+        int32_t pair;
+        memcpy(&pair, a + 32 * m + 2 * kk, 4);
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), bv[kk]);
+      }
+      _mm512_store_ps(c[C] + 16 * m, acc);
+    }
+  }
+  template <int C> void store(float *dst) { memcpy(dst, c[C], sizeof(c[C])); }
+};
 
 // One work item: query tokens t0 .. t0 + rows - 1 (rows <= 16) of a sequence, the query heads
 // of kv head kvh, over its packed K (kp) and V (vp). Token r sees keys 0 .. first_visible + r - 1,
 // in a sliding-window layer (window > 0) the last `window` of them.
 // Transposed (keys and columns of d as rows, the 16 tokens as columns), the online softmax's
 // maxima and sums are lane-wise, with no reduction across a vector. The calling thread's tiles
-// are configured (amx_configure).
-template <typename T>
-static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long rows, long first_visible, long window,
-                            long hq, long kvh, long group, long d, float scale, const uint16_t *kp,
-                            const uint16_t *vp) {
+// are ready (tiles.begin()).
+template <typename T, typename Tiles>
+static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, long t0, long rows, long first_visible,
+                             long window, long hq, long kvh, long group, long d, float scale, const uint16_t *kp,
+                             const uint16_t *vp) {
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
   constexpr long parts = kHiOnly ? 1 : 2;
   const long steps = d / 32, cols = d / 16, n_keys = first_visible + rows - 1;
@@ -162,16 +213,15 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
     for (long i = 0; i < d; ++i) _mm512_store_ps(acc + 16 * i, _mm512_setzero_ps());
     for (long j0 = first_key / 32 * 32; j0 < n_keys; j0 += 32) {
       const long kb = j0 / 32;
-      _tile_zero(0);
-      _tile_zero(1);
+      tiles.template zero<0>();
+      tiles.template zero<1>();
       for (long s = 0; s < steps; ++s) {
-        _tile_loadd(4, qt + s * parts * 512, 64);
-        if constexpr (!kHiOnly) _tile_loadd(5, qt + s * parts * 512 + 512, 64);
-        amx_tile_products<0, kHiOnly>(kp + ((2 * kb) * steps + s) * parts * 512);
-        if (j0 + 16 < n_keys) amx_tile_products<1, kHiOnly>(kp + ((2 * kb + 1) * steps + s) * parts * 512);
+        tiles.template load_b<kHiOnly>(qt + s * parts * 512);
+        tiles.template products<0, kHiOnly>(kp + ((2 * kb) * steps + s) * parts * 512);
+        if (j0 + 16 < n_keys) tiles.template products<1, kHiOnly>(kp + ((2 * kb + 1) * steps + s) * parts * 512);
       }
-      _tile_stored(0, sc, 64);
-      _tile_stored(1, sc + 256, 64);
+      tiles.template store<0>(sc);
+      tiles.template store<1>(sc + 256);
       // key j0 + j is seen by tokens r >= j0 + j - first_visible + 1 (a sliding window: and
       // r <= j0 + j + window - first_visible)
       __mmask16 seen[32];
@@ -196,23 +246,22 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
       }
       l = _mm512_fmadd_ps(l, corr, sum);
       m = mx;
-      _tile_loadd(4, pt, 64);
-      if constexpr (!kHiOnly) _tile_loadd(5, pt + 512, 64);
+      tiles.template load_b<kHiOnly>(pt);
       for (long c0 = 0; c0 < cols; c0 += 4) {  // O^T += V^T P^T, 64 columns of d at a time
         const long nc = cols - c0 < 4 ? cols - c0 : 4;
         const uint16_t *va = vp + (kb * cols + c0) * parts * 512;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        amx_tile_products<0, kHiOnly>(va);
-        if (nc > 1) amx_tile_products<1, kHiOnly>(va + parts * 512);
-        if (nc > 2) amx_tile_products<2, kHiOnly>(va + 2 * parts * 512);
-        if (nc > 3) amx_tile_products<3, kHiOnly>(va + 3 * parts * 512);
-        _tile_stored(0, ob, 64);
-        _tile_stored(1, ob + 256, 64);
-        _tile_stored(2, ob + 512, 64);
-        _tile_stored(3, ob + 768, 64);
+        tiles.template zero<0>();
+        tiles.template zero<1>();
+        tiles.template zero<2>();
+        tiles.template zero<3>();
+        tiles.template products<0, kHiOnly>(va);
+        if (nc > 1) tiles.template products<1, kHiOnly>(va + parts * 512);
+        if (nc > 2) tiles.template products<2, kHiOnly>(va + 2 * parts * 512);
+        if (nc > 3) tiles.template products<3, kHiOnly>(va + 3 * parts * 512);
+        tiles.template store<0>(ob);
+        tiles.template store<1>(ob + 256);
+        tiles.template store<2>(ob + 512);
+        tiles.template store<3>(ob + 768);
         float *a = acc + 16 * 16 * c0;
         for (long i = 0; i < 16 * nc; ++i)
           _mm512_store_ps(a + 16 * i, _mm512_fmadd_ps(_mm512_load_ps(a + 16 * i), corr, _mm512_load_ps(ob + 16 * i)));
@@ -234,18 +283,18 @@ static void amx_prompt_item(T *out, const T *q, long q_stride, long t0, long row
   }
 }
 
-// The batch's sequences of kAmxPrompt or more query tokens attended on the tile unit (see
-// above): returns flags[num_seqs] of the sequences done (malloc'd), or NULL if none was (too
-// short, d not a multiple of 32, the tiles not allowed, no memory).
-template <typename T, typename C>
-static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C *vc, const int32_t *starts,
+// The batch's sequences of kTilePrompt or more query tokens attended on Tiles (see above):
+// returns flags[num_seqs] of the sequences done (malloc'd), or NULL if none was (too short, d not
+// a multiple of 32, the tiles not allowed, no memory).
+template <typename Tiles, typename T, typename C>
+static bool *tile_prompts(T *out, const T *q, long q_stride, const C *kc, const C *vc, const int32_t *starts,
                          const int32_t *seq_lens, const int32_t *tables, long table_stride, long num_seqs, long hq,
                          long hk, long d, long block_size, float scale, long window, const float *lut, int code,
                          float k_scale, float v_scale, int nthreads) {
   typedef typename RowOf<C>::type R;
   constexpr bool kHiOnly = std::is_same<T, bf16_t>::value;
   constexpr long parts = kHiOnly ? 1 : 2;
-  if (d % 32 || d > kMaxHead || !amx_ready()) return NULL;
+  if (d % 32 || d > kMaxHead || !Tiles::ready()) return NULL;
   struct Seq {
     long s, q_len, n_keys, blocks;  // blocks: of 32 keys
     uint16_t *kv;                   // per kv head: K's tiles, then V's (blocks * 32 * d * parts values each)
@@ -254,11 +303,11 @@ static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C
   long n = 0, values = 0;
   for (long s = 0; seqs && s < num_seqs; ++s) {
     const long q_len = starts[s + 1] - starts[s];
-    if (q_len < kAmxPrompt || seq_lens[s] < q_len) continue;
+    if (q_len < kTilePrompt || seq_lens[s] < q_len) continue;
     seqs[n] = {s, q_len, seq_lens[s], (seq_lens[s] + 31) / 32, NULL};
     values += seqs[n++].blocks * 32 * d * parts * 2 * hk;
   }
-  uint16_t *packed = n && values * 2 <= kAmxPackMax ? (uint16_t *)aligned_alloc(64, values * 2) : NULL;
+  uint16_t *packed = n && values * 2 <= kTilePackMax ? (uint16_t *)aligned_alloc(64, values * 2) : NULL;
   if (!packed) {
     free(seqs);
     return NULL;
@@ -283,14 +332,15 @@ static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C
       cache_rows<C, R>(kc, vc, tables + sq.s * table_stride, j0, valid, block_size, hk, kvh, d, lut, code, k_scale,
                        v_scale, kbuf, vbuf, krow, vrow);
       uint16_t *kp = sq.kv + kvh * 2 * sq.blocks * kv_values, *vp = kp + sq.blocks * kv_values;
-      amx_pack_keys<kHiOnly, R>(krow, valid, d, kp + kb * kv_values);
-      amx_pack_keys<kHiOnly, R>(krow + 16, valid - 16, d, kp + kb * kv_values + kv_values / 2);
-      amx_pack_values<kHiOnly, R>(vrow, valid, d, vp + kb * kv_values);
+      tile_pack_keys<kHiOnly, R>(krow, valid, d, kp + kb * kv_values);
+      tile_pack_keys<kHiOnly, R>(krow + 16, valid - 16, d, kp + kb * kv_values + kv_values / 2);
+      tile_pack_values<kHiOnly, R>(vrow, valid, d, vp + kb * kv_values);
     }
   });
   const long group = hq / hk;
   parallel_for(items, 1, nthreads, true, [&](long lo, long hi) {  // (sequence, 16 tokens, kv head)
-    amx_configure();
+    Tiles unit;
+    unit.begin();
     for (long item = lo; item < hi; ++item) {
       long i = 0, rest = item;
       while (rest >= (seqs[i].q_len + 15) / 16 * hk) rest -= (seqs[i++].q_len + 15) / 16 * hk;
@@ -298,10 +348,10 @@ static bool *amx_prompts(T *out, const T *q, long q_stride, const C *kc, const C
       const long tiles = (sq.q_len + 15) / 16, qt = tiles - 1 - rest / hk, kvh = rest % hk;  // the longest first
       const long r0 = 16 * qt, rows = sq.q_len - r0 < 16 ? sq.q_len - r0 : 16;
       const uint16_t *kp = sq.kv + kvh * 2 * sq.blocks * kv_values, *vp = kp + sq.blocks * kv_values;
-      amx_prompt_item<T>(out, q, q_stride, starts[sq.s] + r0, rows, sq.n_keys - sq.q_len + r0 + 1, window, hq, kvh,
-                         group, d, scale, kp, vp);
+      tile_prompt_item<T, Tiles>(unit, out, q, q_stride, starts[sq.s] + r0, rows, sq.n_keys - sq.q_len + r0 + 1,
+                                 window, hq, kvh, group, d, scale, kp, vp);
     }
-    _tile_release();
+    unit.end();
   });
   bool *done = (bool *)calloc(num_seqs, sizeof(bool));
   for (long i = 0; done && i < n; ++i) done[seqs[i].s] = true;
