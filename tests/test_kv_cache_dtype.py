@@ -5,6 +5,8 @@ import pytest
 import torch
 import transformers
 from plugins import Platform
+from plugins.kv_cache import KVCacheLayout
+from plugins.memory import MemoryProfiler
 from plugins.reference import ReferencePlatform, tiny_model_config
 
 from core import LLM
@@ -61,3 +63,30 @@ def test_unsupported_kv_cache_dtype_names_the_platform(tiny_llama):
 
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8_e5m2' is not supported on nofp8; supported: auto"):
         _engine(tiny_llama, NoFp8(), kv_cache_dtype="fp8_e5m2")
+
+
+def test_a_platform_kv_layout_is_what_the_engine_allocates_and_counts(tiny_llama):
+    """A platform's own layout (one-byte codes with scale rows, as plugin_openvino's u8): the caches
+    have its shapes and dtype, and the budget holds as many blocks as its bytes allow."""
+
+    class NoProfilePass(MemoryProfiler):
+        needs_profile_run = False  # the eager profile pass cannot read such caches
+
+    class ScaleRows(ReferencePlatform):
+        name = "scalerows"
+
+        def kv_cache_layout(self, config, num_kv_heads, head_size):
+            b = config.block_size
+            return KVCacheLayout((num_kv_heads, b + 8, head_size), (num_kv_heads, b, head_size + 8), torch.uint8)
+
+        def make_memory_profiler(self):
+            return NoProfilePass(self)
+
+    llm = _engine(tiny_llama, ScaleRows(), dtype="float32", kv_cache_bytes=1 << 16)
+    block_bytes = 2 * (2 * 24 * 16 + 2 * 16 * 24)  # layers x (K + V): 2 KV heads of 16, blocks of 16
+    num_blocks = (1 << 16) // block_bytes
+    assert llm.engine.stats()["num_total_blocks"] == num_blocks
+    k_cache, v_cache = llm.engine.executor.runner.kv_caches[0]
+    assert (k_cache.shape, v_cache.shape) == ((num_blocks, 2, 24, 16), (num_blocks, 2, 16, 24))
+    assert k_cache.dtype == v_cache.dtype == torch.uint8
+    llm.shutdown()

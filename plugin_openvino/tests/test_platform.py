@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from plugin_openvino.platform import OpenVinoPlatform
+from plugins.kv_cache import KVCacheLayout
 from plugins.reference import engine_config
 
 
@@ -39,12 +41,31 @@ def test_kv_cache_precision(monkeypatch, precision, kv):
     assert OpenVinoPlatform().check_config(engine_config(block_size=32))["kv_cache_dtype"] == kv
 
 
-def test_refused_settings(monkeypatch):
+def test_refused_settings():
     with pytest.raises(ValueError, match="LoRA"):
         OpenVinoPlatform().check_config(engine_config(enable_lora=True))
+
+
+def test_u8_kv_cache_layout(monkeypatch):
+    """u8: OpenVINO's blocks (heads first, key scale rows, value scale bytes), 1.7x smaller than bf16;
+    other precisions keep the standard layout (a model the graph cannot build runs eagerly on it)."""
+    config = engine_config(block_size=32, kv_cache_dtype="bfloat16")
+    bf16 = OpenVinoPlatform().kv_cache_layout(config, 3, 64)
+    assert bf16 == KVCacheLayout.standard(32, 3, 64, torch.bfloat16)
     monkeypatch.setenv("CORE_OPENVINO_CPU_KV_CACHE_PRECISION", "u8")
-    with pytest.raises(ValueError, match="u8"):
-        OpenVinoPlatform().check_config(engine_config())
+    plat = OpenVinoPlatform()
+    assert plat.check_config(engine_config(block_size=32))["kv_cache_dtype"] == "auto"
+    u8 = plat.kv_cache_layout(config, 3, 64)
+    assert u8.shapes(4) == ((4, 3, 40, 64), (4, 3, 32, 72)) and u8.dtype == torch.uint8
+    assert round(bf16.block_bytes / u8.block_bytes, 2) == 1.68
+
+
+def test_u8_kv_cache_on_a_model_the_graph_cannot_build_is_refused(monkeypatch):
+    monkeypatch.setenv("CORE_OPENVINO_CPU_KV_CACHE_PRECISION", "u8")
+    plat = OpenVinoPlatform()
+    caches = [(torch.zeros(2, 3, 40, 64, dtype=torch.uint8), torch.zeros(2, 3, 32, 72, dtype=torch.uint8))]
+    with pytest.raises(ValueError, match="only the OpenVINO graph reads u8 blocks"):
+        plat.make_runner().prepare(torch.nn.Linear(2, 2), caches, engine_config(block_size=32))
 
 
 def test_kvcache_space_wins(monkeypatch):

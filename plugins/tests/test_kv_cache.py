@@ -4,7 +4,15 @@ import pytest
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
-from plugins.kv_cache import E4M3_CALIBRATION_TARGET, calibrate, kv_torch_dtype, new_kv_scale, quantize
+from plugins.kv_cache import (
+    E4M3_CALIBRATION_TARGET,
+    KVCacheLayout,
+    calibrate,
+    kv_torch_dtype,
+    new_kv_scale,
+    quantize,
+)
+from plugins.reference import ReferencePlatform, engine_config
 
 
 def test_storage_is_torch_float8_with_saturation():
@@ -62,3 +70,23 @@ def test_reference_attention_over_fp8_cache_is_close_to_float32(cache_dtype):
     else:
         calibrated, unit = error(new_kv_scale("cpu")), error(torch.ones(2))
         assert calibrated < 0.07 and calibrated < 0.8 * unit, (calibrated, unit)
+
+
+def test_standard_layout_is_what_the_kernels_read():
+    layout = KVCacheLayout.standard(16, 2, 8, torch.bfloat16)
+    assert layout.shapes(5) == ((5, 16, 2, 8), (5, 16, 2, 8))
+    assert layout.block_bytes == 2 * 16 * 2 * 8 * 2  # K and V, bfloat16
+    config = engine_config(block_size=16, kv_cache_dtype="bfloat16")
+    assert ReferencePlatform().kv_cache_layout(config, 2, 8) == layout
+
+
+def test_a_layout_with_scale_rows_counts_them():
+    """OpenVINO's u8 blocks: keys with 8 rows of per-channel scales, values with 8 bytes a token."""
+    layout = KVCacheLayout((2, 16 + 8, 8), (2, 16, 8 + 8), torch.uint8)
+    assert layout.shapes(3) == ((3, 2, 24, 8), (3, 2, 16, 16))
+    assert layout.block_bytes == 2 * 24 * 8 + 2 * 16 * 16
+
+
+def test_a_layout_with_a_bad_dimension_is_refused():
+    with pytest.raises(ValueError, match="key_block must be positive ints, got \\(16, 0, 8\\)"):
+        KVCacheLayout((16, 0, 8), (16, 2, 8), torch.float32)

@@ -1,7 +1,7 @@
 """Turns a scheduled batch into model inputs, runs it on the platform, returns logits.
 
-The runner owns the KV cache tensors (one ``(k, v)`` pair per layer, laid out as
-:mod:`plugins.attention` describes, plus the layer's ``kv_scale`` for an E4M3 cache) and
+The runner owns the KV cache tensors (one ``(k, v)`` pair per layer, laid out as the platform's
+:class:`plugins.kv_cache.KVCacheLayout` says, plus the layer's ``kv_scale`` for an E4M3 cache) and
 the only calls into the platform's runner.
 """
 
@@ -52,7 +52,7 @@ class ModelRunner:
         self.model = loaded.model
         self.config = config
         self.dtype = config.torch_dtype
-        self.kv_dtype = config.kv_torch_dtype
+        self.kv_layout = platform.kv_cache_layout(config, loaded.num_kv_heads, loaded.head_size)
         self.device = platform.torch_device()
         self.kv_caches: list[tuple[torch.Tensor, ...]] = []
         self.lora: LoRAManager | None = None
@@ -62,20 +62,19 @@ class ModelRunner:
     # -- KV cache ---------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        """Bytes of one KV block across all layers, K and V."""
-        per_layer = self.config.block_size * self.loaded.num_kv_heads * self.loaded.head_size
-        return 2 * self.loaded.num_layers * per_layer * self.kv_dtype.itemsize
+        """Bytes of one KV block across all layers, K and V, as the platform lays them out."""
+        return self.loaded.num_layers * self.kv_layout.block_bytes
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, ...]]:
         """Each layer's ``(k_cache, v_cache)``, with a fresh ``kv_scale`` (set by the first
         write) for an E4M3 cache: the profile pass's caches and scales are thrown away."""
-        shape = (num_blocks, self.config.block_size, self.loaded.num_kv_heads, self.loaded.head_size)
-        memory = self.platform.memory
-        scaled = needs_scale(self.kv_dtype)
+        k_shape, v_shape = self.kv_layout.shapes(num_blocks)
+        dtype, memory = self.kv_layout.dtype, self.platform.memory
+        scaled = needs_scale(dtype)
         return [
             (
-                memory.allocate_kv_cache(shape, self.kv_dtype, self.device),
-                memory.allocate_kv_cache(shape, self.kv_dtype, self.device),
+                memory.allocate_kv_cache(k_shape, dtype, self.device),
+                memory.allocate_kv_cache(v_shape, dtype, self.device),
                 *((new_kv_scale(self.device),) if scaled else ()),
             )
             for _ in range(self.loaded.num_layers)
@@ -113,6 +112,8 @@ class ModelRunner:
         peak = memory.measure_peak(self.profile_run) if memory.needs_profile_run else 0
         plan = memory.plan_kv_cache(self.config, self.block_bytes + extra_block_bytes, peak_activation_bytes=peak)
         logger.info("%s", plan.detail)
+        if self.kv_layout.description:
+            logger.info("KV cache layout of %s: %s", self.platform.name, self.kv_layout.description)
         min_blocks = -(-self.config.max_model_len // self.config.block_size)
         # more blocks than max_num_seqs full-length sequences (x2: room for the prefix cache) buy nothing
         useful = 2 * self.config.max_num_seqs * min_blocks

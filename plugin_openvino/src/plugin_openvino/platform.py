@@ -14,15 +14,20 @@ import logging
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import torch
 from plugins.config import EngineConfigView
 from plugins.cpu import CPU_ENV_VARS, CpuMemoryProfiler, CpuPlatform, non_negative
 from plugins.env import EnvVar
 from plugins.host import process_cpus
+from plugins.kv_cache import KVCacheLayout
 
 logger = logging.getLogger(__name__)
 
 #: OpenVINO's CPU PagedAttention reads the cache in blocks of this many tokens
 OPENVINO_BLOCK_SIZE = 32
+#: a u8 cache's scale and zero point (two float32) as bytes: rows after each key block's tokens
+#: (per channel), bytes after each value token's codes (per token); OpenVINO's CPU layout
+U8_SCALE_BYTES = 8
 #: OPENVINO_CPU_KV_CACHE_PRECISION -> core's kv_cache_dtype ("" = the compute dtype)
 _KV_PRECISIONS = {"": None, "f32": "float32", "bf16": "bfloat16", "f16": "float16", "u8": "u8"}
 _INFERENCE_PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
@@ -40,7 +45,8 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
         "OPENVINO_CPU_KV_CACHE_PRECISION",
         str,
         "",
-        "KV cache element type: f32, bf16, f16 (empty: the compute dtype); u8 is not available yet",
+        "KV cache element type: f32, bf16, f16 (empty: the compute dtype), or u8: one-byte codes with scales "
+        "(OpenVINO's own block layout, 1.7x smaller than bf16; the model must run in the OpenVINO graph)",
         choices=tuple(_KV_PRECISIONS),
     ),
     EnvVar(
@@ -99,7 +105,8 @@ class OpenVinoPlatform(CpuPlatform):
     def check_config(self, config: EngineConfigView) -> dict[str, Any]:
         """Blocks of 32 tokens (OpenVINO's CPU PagedAttention reads no other size: any other
         gives wrong attention silently), the KV cache type from
-        ``OPENVINO_CPU_KV_CACHE_PRECISION``; LoRA refused (the graph adds no adapters)."""
+        ``OPENVINO_CPU_KV_CACHE_PRECISION`` (u8: :meth:`kv_cache_layout`; the engine's
+        ``kv_cache_dtype`` stays the compute dtype); LoRA refused (the graph adds no adapters)."""
         if config.enable_lora:
             raise ValueError("openvino does not serve LoRA adapters (its graph has no adapter products)")
         overrides: dict[str, Any] = {}
@@ -108,10 +115,8 @@ class OpenVinoPlatform(CpuPlatform):
         precision = self.env["OPENVINO_CPU_KV_CACHE_PRECISION"]
         kv_dtype = _KV_PRECISIONS[precision]
         if kv_dtype == "u8":
-            raise ValueError(
-                "OPENVINO_CPU_KV_CACHE_PRECISION=u8 needs a KV layout with scale rows; use f32, bf16 or f16"
-            )
-        if kv_dtype == "float32":
+            overrides["kv_cache_dtype"] = "auto"
+        elif kv_dtype == "float32":
             if config.dtype not in ("auto", "float32"):
                 raise ValueError(f"OPENVINO_CPU_KV_CACHE_PRECISION=f32 needs --dtype float32, not {config.dtype}")
             overrides["kv_cache_dtype"] = "auto"
@@ -119,15 +124,31 @@ class OpenVinoPlatform(CpuPlatform):
             overrides["kv_cache_dtype"] = kv_dtype
         return overrides
 
+    def kv_cache_layout(self, config: EngineConfigView, num_kv_heads: int, head_size: int) -> KVCacheLayout:
+        """``OPENVINO_CPU_KV_CACHE_PRECISION=u8``: OpenVINO's CPU layout of u8 blocks, heads first,
+        keys quantized per channel (:data:`U8_SCALE_BYTES` rows of scales after a block's tokens),
+        values per token (that many bytes after each token's codes), read by the OpenVINO graph
+        alone. Otherwise the standard layout: OpenVINO reads the same bytes of each block as
+        ``[kv_heads, block_size, head_size]``, and a model it cannot build runs eagerly on them."""
+        if self.env["OPENVINO_CPU_KV_CACHE_PRECISION"] != "u8":
+            return super().kv_cache_layout(config, num_kv_heads, head_size)
+        b, s = config.block_size, head_size
+        return KVCacheLayout(
+            (num_kv_heads, b + U8_SCALE_BYTES, s), (num_kv_heads, b, s + U8_SCALE_BYTES), torch.uint8,
+            "OpenVINO u8 (keys: per-channel scale rows, values: per-token scales)",
+        )  # fmt: skip
+
     def compile_properties(self, dtype: Any, kv_type: str) -> dict[str, Any]:
         """OpenVINO's compile properties for compute dtype ``dtype`` and KV cache element type
-        ``kv_type`` (``"f32"``, ``"bf16"``, ``"f16"``; OpenVINO would pick u8 with scale rows
-        otherwise): the compute precision (no implicit bf16 on CPUs that have it), no dynamic
-        int8 quantization of activations, one stream on the bound threads."""
+        ``kv_type`` (``"f32"``, ``"bf16"``, ``"f16"``, ``"u8"``: OpenVINO would pick u8 when not
+        told): the compute precision (no implicit bf16 on CPUs that have it), keys of a u8 cache
+        quantized per channel (the layout :meth:`kv_cache_layout` declares), no dynamic int8
+        quantization of activations, one stream on the bound threads."""
         name = str(dtype).removeprefix("torch.")
         return {
             "INFERENCE_PRECISION_HINT": _INFERENCE_PRECISIONS.get(name, "f32"),
             "KV_CACHE_PRECISION": kv_type,
+            **({"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"} if kv_type == "u8" else {}),
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
             "NUM_STREAMS": 1,
             "INFERENCE_NUM_THREADS": self.num_threads,

@@ -9,6 +9,8 @@ kv_heads, head_dim]``: the same bytes per block, so core's block manager (alloca
 prefix caching, copies of whole blocks) is unaffected, but the eager kernels must never
 read a cache this runner wrote. So a model the graph cannot run runs eagerly from the
 start, and the platform refuses LoRA (whose steps would run eagerly) in ``check_config``.
+A u8 cache is in OpenVINO's own layout (:meth:`OpenVinoPlatform.kv_cache_layout`), which no
+eager kernel reads: a model the graph cannot run is refused then.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ class OpenVinoRunner(Runner):
         self._keep: list[Any] = []  # every buffer the compiled model views: freed only after it
         self._embedding: torch.Tensor | None = None
         self._dtype = torch.float32
+        self._block_size = 0
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         super().prepare(model, kv_caches, config)
         self.request = self._compiled = None
+        self._block_size = config.block_size
         describe = getattr(model, "describe", None)
         try:
             if describe is None:
@@ -50,6 +54,11 @@ class OpenVinoRunner(Runner):
                 raise NotBuildable(f"tensor_parallel_size={config.tensor_parallel_size} (the graph has no all-reduce)")
             self._compile(describe(kv_caches), config)
         except NotBuildable as exc:
+            if kv_caches and kv_caches[0][0].dtype == torch.uint8:
+                raise ValueError(
+                    f"OPENVINO_CPU_KV_CACHE_PRECISION=u8: only the OpenVINO graph reads u8 blocks, and it does not "
+                    f"run this model ({exc}); use f32, bf16 or f16"
+                ) from None
             logger.info("%s runner: eager, the OpenVINO graph does not run this model: %s", self.platform.name, exc)
 
     def _compile(self, desc: Any, config: EngineConfigView) -> None:
@@ -57,7 +66,7 @@ class OpenVinoRunner(Runner):
 
         plat = self.platform
         cache_dtype = desc.layers[0].k_cache.dtype
-        if cache_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if cache_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.uint8):
             raise NotBuildable(f"KV cache dtype {cache_dtype}")
         kv_type = OV_TYPES[cache_dtype]()
         builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type)
@@ -83,8 +92,12 @@ class OpenVinoRunner(Runner):
 
     @staticmethod
     def _cache_shape(port: Any, cache: torch.Tensor) -> list[int]:
-        """OpenVINO's shape of a cache input over ``cache`` (same blocks, same bytes per block)."""
+        """OpenVINO's shape of a cache input over ``cache`` (same blocks, same bytes per block;
+        a u8 cache is in OpenVINO's layout already: the same shape)."""
         dims = [d.get_length() if d.is_static else cache.shape[0] for d in port.get_partial_shape()]
+        if cache.dtype == torch.uint8 and dims != list(cache.shape):
+            raise ValueError(f"OpenVINO wants u8 KV cache blocks of {dims[1:]}, the platform declared "
+                             f"{list(cache.shape[1:])}")  # fmt: skip
         if int(np.prod(dims)) != cache.numel():
             raise NotBuildable(f"OpenVINO wants a KV cache block of {dims[1:]}, core's is {list(cache.shape[1:])}")
         return dims
@@ -97,7 +110,7 @@ class OpenVinoRunner(Runner):
         meta = inputs.attn_metadata
         query_lens = np.asarray(meta.query_lens_host, dtype=np.int32)
         seq_lens = np.asarray(meta.seq_lens_host, dtype=np.int32)
-        block_size = self.kv_caches[0][0].shape[1]
+        block_size = self._block_size
         num_blocks = -(-seq_lens // block_size)
         tables = meta.block_tables.cpu().numpy()
         block_indices = np.concatenate([row[:n] for row, n in zip(tables, num_blocks, strict=True)]).astype(np.int32)

@@ -1,5 +1,6 @@
 """KV cache dtypes: 16-bit caches under float32 compute, one-byte FP8 caches and their
-per-layer scales (the torch reference).
+per-layer scales (the torch reference); and the layout a platform declares for its caches
+(:class:`KVCacheLayout`).
 
 ``--kv-cache-dtype`` takes vLLM's values: ``auto`` (the compute dtype), ``bfloat16``,
 ``float16``, ``fp8`` (= ``fp8_e4m3``), ``fp8_e4m3`` and ``fp8_e5m2``. A platform lists the dtypes
@@ -22,10 +23,14 @@ its kernels store and read besides the compute dtype in
   (``amax / 200``); its default of 1.0 puts small models' values near the subnormals.
 
 A layer's KV cache is the pair ``(k_cache, v_cache)``, or ``(k_cache, v_cache, kv_scale)``
-for ``fp8_e4m3`` (see :mod:`plugins.attention`).
+for ``fp8_e4m3`` (see :mod:`plugins.attention`), each tensor shaped as the platform's
+:class:`KVCacheLayout` says (:meth:`plugins.Platform.kv_cache_layout`).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -95,3 +100,45 @@ def as_bytes(x: torch.Tensor) -> torch.Tensor:
 def dequantize(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Cached values as float32 (times ``scale`` when given)."""
     return x.float() if scale is None else x.float() * scale
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """How a platform lays out one layer's KV cache (:meth:`plugins.Platform.kv_cache_layout`):
+    a key tensor ``[num_blocks, *key_block]`` and a value tensor ``[num_blocks, *value_block]``,
+    both of ``dtype``; core allocates them (``MemoryProfiler.allocate_kv_cache``), counts
+    :attr:`block_bytes` against the KV budget and indexes them by block id only.
+
+    :meth:`standard` is the layout the SDK's kernels (``write_kv_cache``, ``paged_attention``) and
+    every model's eager forward read: ``[block_size, kv_heads, head_size]`` of the resolved KV cache
+    dtype. A platform whose own runner reads something else (one-byte codes with scale rows, heads
+    first) declares it; caches of such a layout are read by that runner alone.
+
+    :ivar description: what the layout is, for the log (empty for the standard one).
+    """
+
+    key_block: tuple[int, ...]
+    value_block: tuple[int, ...]
+    dtype: torch.dtype
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("key_block", "value_block"):
+            dims = getattr(self, name)
+            if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
+                raise ValueError(f"KVCacheLayout.{name} must be positive ints, got {dims!r}")
+
+    @classmethod
+    def standard(cls, block_size: int, num_kv_heads: int, head_size: int, dtype: torch.dtype) -> KVCacheLayout:
+        """``[block_size, num_kv_heads, head_size]`` of ``dtype`` for keys and values alike."""
+        block = (block_size, num_kv_heads, head_size)
+        return cls(block, block, dtype)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block takes in one layer, keys and values together."""
+        return (math.prod(self.key_block) + math.prod(self.value_block)) * self.dtype.itemsize
+
+    def shapes(self, num_blocks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The key and value tensors' shapes for ``num_blocks`` blocks."""
+        return (num_blocks, *self.key_block), (num_blocks, *self.value_block)

@@ -91,7 +91,8 @@ class MemoryProfiler:
         return budget, f"min(4 GiB, 25% of {free / GiB:.1f} GiB free after activations)"
 
     def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
-        """One layer's K or V cache ``[num_blocks, block_size, kv_heads, head_size]``.
+        """One layer's K or V cache of ``shape`` (``[num_blocks, *block]``, from the platform's
+        :class:`plugins.kv_cache.KVCacheLayout`; by default ``[num_blocks, block_size, kv_heads, head_size]``).
 
         The default zeroes it. A platform whose attention reads only the slots written
         before (positions below each sequence's length) may return it uninitialized: on

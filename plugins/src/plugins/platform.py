@@ -188,6 +188,21 @@ class Platform:
 
         return Runner(self)
 
+    def kv_cache_layout(self, config: EngineConfigView, num_kv_heads: int, head_size: int):
+        """(optional) override: how one layer's KV cache is laid out, and so the bytes a block takes.
+
+        :param config: the resolved settings (``block_size``, ``kv_cache_dtype``).
+        :param num_kv_heads: the KV heads of one layer on this rank; ``head_size`` their size.
+        :return: a :class:`plugins.kv_cache.KVCacheLayout`. Default:
+            :meth:`KVCacheLayout.standard` at ``config.block_size`` in ``config.kv_torch_dtype``,
+            what the SDK's kernels read. Another layout (one-byte codes with per-token scales)
+            is for a runner that reads the caches itself: the engine sizes the KV cache by its
+            :attr:`~plugins.kv_cache.KVCacheLayout.block_bytes` and never reads its contents.
+        """
+        from plugins.kv_cache import KVCacheLayout
+
+        return KVCacheLayout.standard(config.block_size, num_kv_heads, head_size, config.kv_torch_dtype)
+
     # -- distributed (optional) ------------------------------------------------------
     #: ``torch.distributed`` backend for multi-device (tensor-parallel) runs
     distributed_backend: ClassVar[str] = "gloo"

@@ -51,18 +51,18 @@ class RuntimeChecks(ConformanceBase):
 
     def test_memory_budget_holds_one_max_model_len_sequence(self, device_plat, monkeypatch) -> None:
         """At the default settings (no variable, no ``--kv-cache-memory``, ``--dtype auto``) the KV
-        budget holds one ``max_model_len`` sequence of the default model: else the engine refuses to start."""
-        import torch
+        budget holds one ``max_model_len`` sequence of the default model (in the platform's KV cache
+        layout): else the engine refuses to start."""
         from plugins.config import EngineSettings
 
         plat = self._default_platform(device_plat, monkeypatch)
         layers, kv_heads, head_size, max_model_len = DEFAULT_MODEL_KV
         dtype, block_size = plat.supported_dtypes[0], EngineSettings.block_size
         config = engine_config(
-            device=plat.name, dtype=dtype, max_model_len=max_model_len,
+            device=plat.name, dtype=dtype, kv_cache_dtype=dtype, max_model_len=max_model_len,
             max_num_seqs=EngineSettings.max_num_seqs, max_num_batched_tokens=2048,
         )  # fmt: skip
-        block_bytes = 2 * layers * block_size * kv_heads * head_size * getattr(torch, dtype).itemsize
+        block_bytes = layers * plat.kv_cache_layout(config, kv_heads, head_size).block_bytes
         plan = plat.memory.plan_kv_cache(config, block_bytes, peak_activation_bytes=0)
         needed = -(-max_model_len // block_size)
         assert plan.num_blocks >= needed, (
