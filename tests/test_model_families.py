@@ -166,9 +166,10 @@ def test_gguf_matches_transformers(family, tokenizer, tmp_path):
 
 
 @pytest.mark.slow  # two spawned workers a run
-@pytest.mark.parametrize(("family", "form"), [("qwen3_moe", "folder"), ("mixtral", "gguf")])
-def test_tp2_splits_experts(family, form, tokenizer, tmp_path):
-    """Every expert split along its intermediate dimension over 2 ranks: the tokens of one rank."""
+@pytest.mark.parametrize(("family", "form"), [("qwen3_moe", "folder"), ("mixtral", "gguf"), ("phi3", "folder")])
+def test_tp2_splits_experts_and_fused_projections(family, form, tokenizer, tmp_path):
+    """Every expert split along its intermediate dimension over 2 ranks, Phi-3's stored qkv_proj and
+    gate_up_proj split per part: the tokens of one rank, and transformers' (as ``check`` compares)."""
     from plugins.reference import ReferencePlatform
 
     hf_model = build(family, tokenizer)
@@ -187,6 +188,8 @@ def test_tp2_splits_experts(family, form, tokenizer, tmp_path):
         try:
             outs[tp] = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
                                                                       use_tqdm=False)]  # fmt: skip
+            if tp == 2:
+                check(llm, hf_model, prompt_token_ids=prompts)
         finally:
             llm.shutdown()
     assert outs[2] == outs[1]

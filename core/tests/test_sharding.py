@@ -56,6 +56,26 @@ def test_kv_heads_that_do_not_divide_split_unevenly():
     assert [(s.dim, s.start, s.stop) for s in o] == [(1, 0, 192), (1, 192, 576)]
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "world_size"), [(4, 2, 2), (8, 2, 4), (4, 1, 2)])
+def test_fused_projections_keep_each_parts_rows(heads, kv_heads, world_size):
+    """Phi-3's stored qkv_proj / gate_up_proj: a rank reads what it would read of separate q, k, v
+    (gate, up) tensors, in that order; KV heads replicated when fewer than the ranks."""
+    cfg = config(heads=heads, kv_heads=kv_heads)
+    q, k, v = torch.randn(heads * 16, 8), torch.randn(kv_heads * 16, 8), torch.randn(kv_heads * 16, 8)
+    gate, up = torch.randn(128, 8), torch.randn(128, 8)
+    for rank in range(world_size):
+        plan = ShardPlan(cfg, 16, rank, world_size)
+
+        def part(name, tensor, group="self_attn", plan=plan):
+            return slice_dense(tensor, plan.slice_for(f"model.layers.0.{group}.{name}.weight"))
+
+        want = torch.cat([part("q_proj", q), part("k_proj", k), part("v_proj", v)])
+        assert want.shape[0] == (plan.num_heads + 2 * plan.num_kv_heads) * 16
+        assert torch.equal(part("qkv_proj", torch.cat([q, k, v])), want)
+        want = torch.cat([part("gate_proj", gate, "mlp"), part("up_proj", up, "mlp")])
+        assert torch.equal(part("gate_up_proj", torch.cat([gate, up]), "mlp"), want)
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [

@@ -3,7 +3,8 @@
 :class:`ShardPlan` says, for each Hugging Face weight name, which slice a rank keeps:
 
 - column-parallel (output rows split): q/k/v, gate/up, and the vocabulary rows of the
-  embedding and lm_head;
+  embedding and lm_head; a projection stored fused (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+  keeps its rows of each part, in order (:class:`FusedRows`);
 - row-parallel (input columns split): o_proj and down_proj, whose partial outputs the
   model sums with an all-reduce; their bias is added once (rank 0 keeps it, the
   other ranks hold zeros);
@@ -45,6 +46,14 @@ class Slice:
 
 
 _ZEROS = Slice(0, 0, 0, zero=True)
+
+
+@dataclass(frozen=True)
+class FusedRows:
+    """Output rows of a projection stored fused (q/k/v, or gate/up): each part's ``[start, stop)``
+    rows of the stored tensor, kept one after the other."""
+
+    parts: tuple[Slice, ...]
 
 
 def split_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -108,6 +117,11 @@ class ShardPlan:
             "o_proj": (Slice(1, rows_q.start, rows_q.stop), None),
             "down_proj": (Slice(1, i0, rows_i.stop), None),
         }
+        # stored fused (Phi-3): this rank's q, k and v rows, its gate and up rows, each part's own
+        q_total, kv_total = heads * head_size, kv_heads * head_size
+        qkv = FusedRows((rows_q, _shift(rows_kv, q_total), _shift(rows_kv, q_total + kv_total)))
+        gate_up_rows = FusedRows((rows_i, _shift(rows_i, inter)))
+        self._slices |= {"qkv_proj": (qkv, qkv), "gate_up_proj": (gate_up_rows, gate_up_rows)}
         e0, e1 = split_range(expert_inter, rank, world_size)
         gate_up, down = Slice(0, e0, e1), Slice(1, e0, e1)  # Mixtral's w1/w3 are gate/up, w2 down
         self._expert_slices = dict(gate_proj=gate_up, up_proj=gate_up, w1=gate_up, w3=gate_up, down_proj=down, w2=down)
@@ -117,7 +131,7 @@ class ShardPlan:
     def is_sharded(self) -> bool:
         return self.world_size > 1
 
-    def slice_for(self, name: str) -> Slice | None:
+    def slice_for(self, name: str) -> Slice | FusedRows | None:
         """The part of weight ``name`` (a Hugging Face name) this rank keeps; None: all of it.
         For a stack of experts' matrices ``[E, rows, cols]`` the slice is of each expert's."""
         if not self.is_sharded:
@@ -137,6 +151,10 @@ class ShardPlan:
         return bias_slice
 
 
+def _shift(part: Slice, offset: int) -> Slice:
+    return Slice(part.dim, part.start + offset, part.stop + offset)
+
+
 def _need_divisible(what: str, n: int, world_size: int) -> None:
     if n % world_size:
         sizes = [d for d in range(1, n + 1) if n % d == 0 and d <= 16]
@@ -145,12 +163,14 @@ def _need_divisible(what: str, n: int, world_size: int) -> None:
         )
 
 
-def slice_dense(source: Any, part: Slice | None) -> torch.Tensor:
+def slice_dense(source: Any, part: Slice | FusedRows | None) -> torch.Tensor:
     """Read ``part`` of a dense tensor or a lazy slice handle (safetensors ``get_slice``, mmap'd tensor).
 
     Only the slice is read into memory; ``Slice.zero`` gives zeros of the full shape. A
     column slice is made contiguous (native kernels read a weight's rows back to back).
     """
+    if isinstance(part, FusedRows):
+        return torch.cat([slice_dense(source, p) for p in part.parts])
     if part is None:
         return source[:]
     if part.zero:
