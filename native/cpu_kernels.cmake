@@ -57,7 +57,7 @@ function(ck_add_kernels target arch output)
   find_package(Threads REQUIRED)
   set(common_flags -O3 -fno-math-errno -fno-trapping-math -ffp-contract=fast -Wall -Wextra
       -Wno-unused-parameter)
-  set(kernel_sources elementwise.cpp attention.cpp quant.cpp matvec.cpp decode.cpp lora.cpp encoder.cpp)
+  set(kernel_sources elementwise.cpp attention.cpp quant.cpp matvec.cpp decode.cpp lora.cpp encoder.cpp moe.cpp)
   list(TRANSFORM kernel_sources PREPEND ${CK_SOURCE_DIR}/)
 
   add_library(${target} SHARED ${CK_SOURCE_DIR}/features_${arch}.cpp ${CK_SOURCE_DIR}/features.cpp

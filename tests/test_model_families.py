@@ -4,6 +4,8 @@ Tiny random-weight checkpoints with the default model's vocabulary, prompted wit
 its tokenizer: Hugging Face folders, and GGUF files (llama.cpp's tensor names, Q8_0 linears and
 stacked experts) for Qwen3, Qwen3-MoE and Mixtral. Greedy tokens must equal transformers', or
 at the first difference each side's token must be in the other's top 5 (logprobs within 1e-3).
+On the CPU plugins every step is one native call (the fused decoder: q/k head norms, routing and
+experts in it), alone and under ``-tp 2``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 import transformers
 from core.bench.parity import hf_greedy
+from plugins.runner import Runner
 
 from core import LLM, SamplingParams
 
@@ -94,7 +97,7 @@ def write_gguf(model: torch.nn.Module, arch: str, path) -> None:
 # -- the families: tiny configs (vocabulary set from the tokenizer) ---------------------------
 SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=True)  # fmt: skip
-MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+MOE = dict(moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2)  # 32 a rank under -tp 2
 FAMILIES = {
     "qwen3": (transformers.Qwen3Config, dict(head_dim=16)),
     # layer 1 dense (mlp_only_layers), experts' weights not renormalized
@@ -143,18 +146,43 @@ def check(llm, hf_model, **prompts) -> None:
                 break
 
 
+def save(hf_model, family, form, tmp_path):
+    """``hf_model`` as a Hugging Face folder (``form`` ``"folder"``) or a GGUF file under ``tmp_path``: its path."""
+    if form == "folder":
+        hf_model.save_pretrained(tmp_path)
+        return tmp_path
+    path = tmp_path / f"{family}.gguf"
+    write_gguf(hf_model, GGUF_ARCHS[family], path)
+    return path
+
+
+def fused_only(llm, monkeypatch) -> None:
+    """On a platform whose runner has a fused native decoder (the CPU plugins), assert that it runs the
+    model and make a step that falls back to the eager forward fail."""
+    runner = llm.engine.executor.runner.runner
+    if not hasattr(runner, "fused"):
+        return
+    assert runner.fused is not None, "the model should run as one native call a step"
+
+    def eager(self, inputs):
+        raise AssertionError("a step ran the eager forward")
+
+    monkeypatch.setattr(Runner, "forward", eager)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_hf_folder_matches_transformers(family, tokenizer, tmp_path):
+def test_hf_folder_matches_transformers(family, tokenizer, tmp_path, monkeypatch):
     hf_model = build(family, tokenizer)
     hf_model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     llm = LLM(model=str(tmp_path), device="auto", dtype="float32", max_model_len=256, kv_cache_bytes=1 << 24)
     assert type(llm.engine.loaded.model).__name__ == type(hf_model).__name__
+    fused_only(llm, monkeypatch)
     check(llm, hf_model, prompts=TEXTS)
 
 
 @pytest.mark.parametrize("family", sorted(GGUF_ARCHS))
-def test_gguf_matches_transformers(family, tokenizer, tmp_path):
+def test_gguf_matches_transformers(family, tokenizer, tmp_path, monkeypatch):
     # llama.cpp renormalizes qwen3moe's expert weights (Qwen3-MoE checkpoints' norm_topk_prob)
     hf_model = build(family, tokenizer, **({"norm_topk_prob": True} if family == "qwen3_moe" else {}))
     path = tmp_path / f"{family}.gguf"
@@ -162,7 +190,28 @@ def test_gguf_matches_transformers(family, tokenizer, tmp_path):
     llm = LLM(model=str(path), device="auto", dtype="float32", max_model_len=256, kv_cache_bytes=1 << 24,
               skip_tokenizer_init=True)  # fmt: skip
     assert type(llm.engine.loaded.model).__name__ == type(hf_model).__name__
+    fused_only(llm, monkeypatch)
     check(llm, hf_model, prompt_token_ids=[tokenizer(text).input_ids for text in TEXTS])
+
+
+@pytest.mark.slow  # two spawned workers a run
+@pytest.mark.parametrize(("family", "form"), [("qwen3", "gguf"), ("qwen3_moe", "folder"), ("mixtral", "gguf")])
+def test_tp2_fused_decoder_matches_transformers(family, form, tokenizer, tmp_path, capfd):
+    """``--device auto -tp 2``: on the CPU plugins each rank runs its heads and its part of every expert
+    as one native call a step (each rank's log says so), the tokens follow transformers'."""
+    hf_model = build(family, tokenizer)
+    path = save(hf_model, family, form, tmp_path)
+    llm = LLM(model=str(path), device="auto", dtype="float32", max_model_len=256, kv_cache_bytes=1 << 24,
+              skip_tokenizer_init=True, tensor_parallel_size=2)  # fmt: skip
+    try:
+        platform = llm.engine.platform.name
+        check(llm, hf_model, prompt_token_ids=[tokenizer(text).input_ids for text in TEXTS])
+    finally:
+        llm.shutdown()
+    if platform in ("cpu_x86", "cpu_arm", "s390x"):
+        log = capfd.readouterr().err
+        for rank in (0, 1):
+            assert f"(rank {rank}) INFO plugins.cpu_native.runner: {platform} runner: each step as one native" in log
 
 
 @pytest.mark.slow  # two spawned workers a run

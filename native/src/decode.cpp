@@ -1,11 +1,14 @@
 // A whole forward pass of a Llama-family decoder over one step's batch, in one call: the
 // same kernels, in the same order, as the eager model (core/models/llama.py) runs them
-// one Python call at a time, so the result is identical. At batch 1 the eager pass
+// one Python call at a time, so the result is identical (Qwen3's q/k head norms included;
+// a mixture-of-experts layer's routing is moe.cpp's float32 softmax and top-k, within
+// rounding of torch's, then the same fused_moe kernel as eager). At batch 1 the eager pass
 // makes ~12 Python kernel calls a layer, whose overhead takes as long as the kernels
 // themselves on a 135M model; here the only Python is one call a step.
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "moe.h"
 
 // Layouts shared with Python (plugins/src/plugins/cpu_native/runner.py, ctypes structures).
 struct CKLoRAStep {  // the step's rows -> adapter slots, shared by the model's adapted linears
@@ -29,11 +32,20 @@ struct CKLinear {  // y = x @ W^T (+ bias) (+ the step's LoRA deltas), W in weig
   const CKLoRA *lora;  // NULL: no adapters on this linear
 };
 
+struct CKMoE {  // a sparse MLP: each token's top_k experts by the router's softmax (moe.cpp)
+  CKLinear router;  // hidden -> num_experts logits
+  const CKExperts *experts;
+  long top_k;
+  int renormalize;  // divide the top_k probabilities by their sum
+};
+
 struct CKLayer {
   const void *input_norm, *post_norm;  // RMSNorm weights [hidden] (norm_dtype)
-  CKLinear qkv, o, gate_up, down;
+  CKLinear qkv, o, gate_up, down;  // gate_up and down unused in a MoE layer
   void *k_cache, *v_cache;  // [num_blocks, block_size, kv_heads, head_dim] (cache_dtype)
   const float *kv_scale;    // (K, V) scales of a one-byte E4M3 cache (fp8.h), else NULL: 1
+  const void *q_norm, *k_norm;  // RMSNorm weights [head_dim] (norm_dtype) of each q and k head (Qwen3), else NULL
+  const CKMoE *moe;             // the layer's MLP when it is a mixture of experts, else NULL
 };
 
 struct CKDecoder {
@@ -87,6 +99,28 @@ static int linear(const CKLinear &l, int dtype, const void *x, long rows, void *
   return add_lora(l, dtype, x, rows, out, nt);
 }
 
+// out [rows, heads * d] = each d-wide head of x (row r at x + r * x_stride, heads contiguous)
+// RMS-normalized with w: the heads copied out, then normalized in place (as the eager model's
+// q/k norm on a contiguous copy of its head view)
+static void head_norm(int dtype, int w_dtype, void *out, const void *x, long x_stride, long heads, long d,
+                      const void *w, long rows, float eps, int nt) {
+  const long esize = dtype == CK_F32 ? 4 : 2, width = heads * d * esize;
+  for (long r = 0; r < rows; ++r) memcpy((char *)out + r * width, (const char *)x + r * x_stride * esize, width);
+  CK_FN(rms_norm)(dtype, w_dtype, out, NULL, out, d, NULL, 0, w, rows * heads, d, eps, nt);
+}
+
+// out [rows, hidden] = a MoE layer's MLP of x [rows, hidden] (router, routing, experts); logits,
+// weights and ids: the layer's scratch ([rows, num_experts] dtype, [rows, top_k] float32 and int64)
+static int moe_mlp(const CKMoE &moe, int dtype, const void *x, long rows, void *out, void *logits, float *weights,
+                   int64_t *ids, int nt) {
+  const long num_experts = moe.router.n;
+  int status = linear(moe.router, dtype, x, rows, logits, nt);
+  if (status) return status;
+  CK_FN(moe_route)(dtype, logits, rows, num_experts, moe.top_k, moe.renormalize, weights, ids);
+  status = CK_FN(fused_moe)(moe.experts, dtype, x, moe.router.k, rows, weights, ids, moe.top_k, out, nt);
+  return status ? -1 : 0;
+}
+
 }  // namespace CK_NS
 
 using namespace CK_NS;
@@ -105,10 +139,19 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
     if (s->ids[i] < 0 || s->ids[i] >= m->vocab_total) return -2;
   // [t, width] buffers (dtype): residual stream, normed input of a projection, output of
   // o_proj / down_proj, qkv, rotated q and k, attention output, gate_up, SiLU(gate) * up
-  enum { RES, NORMED, PROJ, QKV, Q, K, ATTN, GATE_UP, ACT, NUM_BUFS };
-  const long widths[NUM_BUFS] = {h, h, h, qkv_size, q_size, kv_size, q_size, 2 * m->inter, m->inter};
+  // and of MoE layers the router's logits (dtype), the routing weights (float32) and expert ids (int64)
+  long num_experts = 0, top_k = 0;
+  for (long li = 0; li < m->num_layers; ++li) {
+    const CKMoE *moe = m->layers[li].moe;
+    if (moe && moe->router.n > num_experts) num_experts = moe->router.n;
+    if (moe && moe->top_k > top_k) top_k = moe->top_k;
+  }
+  enum { RES, NORMED, PROJ, QKV, Q, K, ATTN, GATE_UP, ACT, LOGITS, TOPW, TOPI, NUM_BUFS };
+  const long bytes[NUM_BUFS] = {h * esize, h * esize, h * esize, qkv_size * esize, q_size * esize, kv_size * esize,
+                                q_size * esize, 2 * m->inter * esize, m->inter * esize, num_experts * esize,
+                                top_k * 4, top_k * 8};
   long offsets[NUM_BUFS + 1] = {0};
-  for (int i = 0; i < NUM_BUFS; ++i) offsets[i + 1] = offsets[i] + (t * widths[i] * esize + 63) / 64 * 64;
+  for (int i = 0; i < NUM_BUFS; ++i) offsets[i + 1] = offsets[i] + (t * bytes[i] + 63) / 64 * 64;
   char *base = (char *)aligned_alloc(64, offsets[NUM_BUFS]);
   if (!base) return -1;
   char *b[NUM_BUFS];
@@ -123,7 +166,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
 
   const int dt = m->dtype, ndt = m->norm_dtype;
   int status = 0;
-  // the sum over the ranks of a row-parallel output [t, h] (the embedding, o, down)
+  // the sum over the ranks of a row-parallel output [t, h] (the embedding, o, down or the experts')
   auto reduce = [&](void *buf) { return m->all_reduce && m->all_reduce(m->comm, buf, t * h, dt) ? -5 : 0; };
   if ((status = reduce(b[RES]))) {
     free(base);
@@ -138,9 +181,17 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
                         m->eps, nt);
     if ((status = linear(l.qkv, dt, b[NORMED], t, b[QKV], nt))) break;
     const char *k_in = b[QKV] + q_size * esize, *v_in = k_in + kv_size * esize;
-    CK_FN(rotary)(dt, m->cos_sin_dtype, b[Q], b[QKV], qkv_size, m->heads, d, s->positions,
+    // the rotations' inputs: q and k of qkv, or their normed heads (rotated in place)
+    const char *q_rot = b[QKV], *k_rot = k_in;
+    long q_stride = qkv_size, k_stride = qkv_size;
+    if (l.q_norm) {
+      head_norm(dt, ndt, b[Q], b[QKV], qkv_size, m->heads, d, l.q_norm, t, m->eps, nt);
+      head_norm(dt, ndt, b[K], k_in, qkv_size, m->kv_heads, d, l.k_norm, t, m->eps, nt);
+      q_rot = b[Q], k_rot = b[K], q_stride = q_size, k_stride = kv_size;
+    }
+    CK_FN(rotary)(dt, m->cos_sin_dtype, b[Q], q_rot, q_stride, m->heads, d, s->positions,
                     m->cos_sin, t, nt);
-    CK_FN(rotary)(dt, m->cos_sin_dtype, b[K], k_in, qkv_size, m->kv_heads, d, s->positions,
+    CK_FN(rotary)(dt, m->cos_sin_dtype, b[K], k_rot, k_stride, m->kv_heads, d, s->positions,
                     m->cos_sin, t, nt);
     const float ks = l.kv_scale ? l.kv_scale[0] : 1.0f, vs = l.kv_scale ? l.kv_scale[1] : 1.0f;
     const long bad =
@@ -162,9 +213,13 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
     if ((status = linear(l.o, dt, b[ATTN], t, b[PROJ], nt)) || (status = reduce(b[PROJ]))) break;
     CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.post_norm, t, h,
                       m->eps, nt);
-    if ((status = linear(l.gate_up, dt, b[NORMED], t, b[GATE_UP], nt))) break;
-    CK_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
-    if ((status = linear(l.down, dt, b[ACT], t, b[PROJ], nt)) || (status = reduce(b[PROJ]))) break;
+    if (l.moe) {
+      status = moe_mlp(*l.moe, dt, b[NORMED], t, b[PROJ], b[LOGITS], (float *)b[TOPW], (int64_t *)b[TOPI], nt);
+    } else if (!(status = linear(l.gate_up, dt, b[NORMED], t, b[GATE_UP], nt))) {
+      CK_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
+      status = linear(l.down, dt, b[ACT], t, b[PROJ], nt);
+    }
+    if (status || (status = reduce(b[PROJ]))) break;
   }
   if (!status)
     CK_FN(rms_norm)(dt, ndt, s->out, b[RES], b[PROJ], h, b[RES], h, m->final_norm, t, h,

@@ -1,5 +1,5 @@
 // The per-ISA kernel entry points (defined in elementwise.cpp, attention.cpp, quant.cpp,
-// matvec.cpp, lora.cpp), declared for the kernels that chain them (decode.cpp). Arguments as
+// matvec.cpp, lora.cpp, encoder.cpp), declared for the kernels that chain them (decode.cpp, moe.cpp). Arguments as
 // documented at each definition.
 #pragma once
 
@@ -35,6 +35,8 @@ int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n,
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads);
+int CK_FN(linear_bf16w)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
+                       void *out, const void *bias, int bias_dtype, int act, int nthreads);
 int CK_FN(lora_shrink)(int dtype, const void *x, long x_stride, long rows, const void *a, long r_total,
                        long in, const int64_t *row_slots, float *h, int nthreads);
 int CK_FN(lora_expand)(int dtype, void *y, long y_stride, const float *h, long h_stride, const void *b,

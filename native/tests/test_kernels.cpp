@@ -641,6 +641,112 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
   s.check(name, out, ref, 1e-4, atol);
 }
 
+// native/src/moe.h's layouts
+struct ExpertProj {
+  const void *w;
+  const float *scales;
+  long expert_bytes, scale_stride, row_bytes, n, k, group;
+  int qt;
+};
+struct Experts {
+  ExpertProj gate, up, down;
+  long num_experts;
+};
+typedef int (*FusedMoe)(const Experts *, int, const void *, long, long, const float *, const int64_t *, long, void *,
+                        int);
+typedef void (*MoeRoute)(int, const void *, long, long, long, int, float *, int64_t *);
+
+// fused_moe on 4 experts (weights of qt as stored, the projections' rows in partial work items:
+// 96 intermediate rows, 64 hidden) against sum_k w * down(silu(gate x) * up x) in double; and
+// moe_route's softmax, top-k and renormalization
+void test_fused_moe(Suite &s, int qt, int dtype, long tokens) {
+  const long num = 4, hidden = 64, inter = 96, top_k = 2;
+  Weights w[3] = {make_weights(qt, num * inter, hidden), make_weights(qt, num * inter, hidden),
+                  make_weights(qt, num * hidden, inter)};  // gate, up, down: expert after expert
+  const long dims[3][2] = {{inter, hidden}, {inter, hidden}, {hidden, inter}};
+  ExpertProj proj[3];
+  for (int p = 0; p < 3; ++p) {
+    const long bytes = (long)w[p].bytes.size() / num;
+    proj[p] = {w[p].bytes.data(), NULL, bytes, 0, bytes / dims[p][0], dims[p][0], dims[p][1], 1, qt};
+  }
+  const Experts experts = {proj[0], proj[1], proj[2], num};
+  std::vector<float> x = randn(tokens * hidden), weights(tokens * top_k);
+  if (dtype == BF16) x = round_bf16(x);
+  std::vector<int64_t> ids(tokens * top_k);
+  for (long t = 0; t < tokens; ++t) {
+    ids[t * top_k] = next_u32() % num;
+    ids[t * top_k + 1] = (ids[t * top_k] + 1 + next_u32() % (num - 1)) % num;
+    for (long k = 0; k < top_k; ++k) weights[t * top_k + k] = uniform(0.1f, 1.0f);
+  }
+  std::vector<double> ref(tokens * hidden, 0.0), act(inter);
+  for (long t = 0; t < tokens; ++t)
+    for (long k = 0; k < top_k; ++k) {
+      const long e = ids[t * top_k + k];
+      for (long j = 0; j < inter; ++j) {
+        double g = 0.0, u = 0.0;
+        for (long i = 0; i < hidden; ++i) {
+          g += w[0].deq[(e * inter + j) * hidden + i] * x[t * hidden + i];
+          u += w[1].deq[(e * inter + j) * hidden + i] * x[t * hidden + i];
+        }
+        act[j] = g / (1.0 + exp(-g)) * u;
+      }
+      for (long j = 0; j < hidden; ++j) {
+        double y = 0.0;
+        for (long i = 0; i < inter; ++i) y += w[2].deq[(e * hidden + j) * inter + i] * act[i];
+        ref[t * hidden + j] += weights[t * top_k + k] * y;
+      }
+    }
+  std::vector<float> out(tokens * hidden);
+  std::vector<uint16_t> xb = to_bf16(x), outb(tokens * hidden);
+  const int status = s.fn<FusedMoe>("fused_moe")(&experts, dtype, dtype == BF16 ? (const void *)xb.data() : x.data(),
+                                                 hidden, tokens, weights.data(), ids.data(), top_k,
+                                                 dtype == BF16 ? (void *)outb.data() : out.data(), 2);
+  const std::string name = std::string("fused_moe ") + kFormatNames[qt] + (dtype == BF16 ? " bf16" : "") +
+                           " tokens=" + std::to_string(tokens);
+  if (status != 0) ref.assign(ref.size(), NAN);
+  double scale = 0.0;
+  for (double v : ref) scale = fmax(scale, fabs(v));
+  if (dtype == BF16)
+    s.check(name, outb.data(), ref, 1e-2, 1e-2 * scale);
+  else
+    s.check(name, out.data(), ref, 1e-4, 1e-5 * scale);
+
+  // the route of 9 experts' logits: top 3 (in order), renormalized or not
+  const long n_exp = 9, k3 = 3;
+  const std::vector<float> logits = randn(tokens * n_exp, 4.0f);
+  for (int renormalize = 0; renormalize < 2; ++renormalize) {
+    std::vector<float> got_w(tokens * k3);
+    std::vector<int64_t> got_id(tokens * k3);
+    std::vector<uint16_t> lb = to_bf16(logits);
+    const std::vector<float> seen = dtype == BF16 ? round_bf16(logits) : logits;
+    s.fn<MoeRoute>("moe_route")(dtype, dtype == BF16 ? (const void *)lb.data() : logits.data(), tokens, n_exp, k3,
+                                renormalize, got_w.data(), got_id.data());
+    std::vector<double> want(tokens * k3);
+    std::vector<float> ids_ok(tokens * k3);
+    for (long t = 0; t < tokens; ++t) {
+      double top = -INFINITY, sum = 0.0, kept = 0.0;
+      for (long j = 0; j < n_exp; ++j) top = fmax(top, seen[t * n_exp + j]);
+      for (long j = 0; j < n_exp; ++j) sum += exp(seen[t * n_exp + j] - top);
+      std::vector<bool> taken(n_exp, false);
+      for (long k = 0; k < k3; ++k) {
+        long best = -1;
+        for (long j = 0; j < n_exp; ++j)
+          if (!taken[j] && (best < 0 || seen[t * n_exp + j] > seen[t * n_exp + best])) best = j;
+        taken[best] = true;
+        want[t * k3 + k] = exp(seen[t * n_exp + best] - top) / sum;
+        kept += want[t * k3 + k];
+        ids_ok[t * k3 + k] = got_id[t * k3 + k] == best ? 0.0f : 1.0f;
+      }
+      if (renormalize)
+        for (long k = 0; k < k3; ++k) want[t * k3 + k] /= kept;
+    }
+    const std::string route = std::string("moe_route") + (dtype == BF16 ? " bf16" : "") +
+                              (renormalize ? " renormalized" : "") + " tokens=" + std::to_string(tokens);
+    s.check(route + " ids", ids_ok.data(), std::vector<double>(tokens * k3, 0.0), 0, 0);
+    s.check(route + " weights", got_w.data(), want, 1e-5, 1e-7);
+  }
+}
+
 }  // namespace
 
 // The pool (pool.cpp), back to back jobs of alternating sizes as a kernel's two parallel loops
@@ -800,6 +906,9 @@ int main(int argc, char **argv) {
     for (int qt : {Q8_0, Q4_0, Q4_1, INT8, F32W, Q5_0, Q5_1, E4M3W})
       for (long rows : {40L, 200L}) test_linear(s, qt, rows, kFloatAct, 37, 160);
     for (int qt : {(int)Q4_K, (int)Q5_K, (int)Q6_K}) test_k_linear(s, qt, 200);
+    for (int qt : {F32W, Q8_0})
+      for (long tokens : {1L, 5L, 40L}) test_fused_moe(s, qt, F32, tokens);
+    test_fused_moe(s, F32W, BF16, 9);
     run += s.run;
     passed += s.passed;
     tested += std::string(tested.empty() ? "" : " ") + isa;

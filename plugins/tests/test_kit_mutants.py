@@ -138,6 +138,14 @@ MUTANTS = {
             return super().fused_moe(x, swapped, topk_weights, topk_ids)
         """,
     ),
+    "MoeRoutingWeightsIgnored": (
+        "test_fused_moe",
+        "fused_moe",
+        """
+        def fused_moe(self, x, experts, topk_weights, topk_ids):
+            return super().fused_moe(x, experts, torch.ones_like(topk_weights), topk_ids)
+        """,
+    ),
 }
 
 # paged attention written out, so that a mutant can let each query see FUTURE_KEYS keys past its own

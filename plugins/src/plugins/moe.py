@@ -35,14 +35,19 @@ class ExpertWeights:
         """``I``: the inputs of each expert's down projection."""
         return self.down.shape[-1] if isinstance(self.down, torch.Tensor) else self.down.cols
 
-    def expert(self, name: str, index: int) -> torch.Tensor:
-        """Expert ``index``'s ``"gate_up"`` or ``"down"`` matrix, dense (GGUF rows dequantized to float32)."""
+    def stored(self, name: str, index: int) -> Any:
+        """Expert ``index``'s ``"gate_up"`` or ``"down"`` matrix as stored: a tensor, or a ``GGUFWeight`` of its rows."""
         stacked = getattr(self, name)
         if isinstance(stacked, torch.Tensor):
             return stacked[index]
         rows = stacked.rows // self.num_experts
-        part = stacked.data[index * rows : (index + 1) * rows]
-        return dataclasses.replace(stacked, data=part, rows=rows).dequantize()
+        part = stacked.data.reshape(stacked.rows, -1)[index * rows : (index + 1) * rows]
+        return dataclasses.replace(stacked, data=part, rows=rows)
+
+    def expert(self, name: str, index: int) -> torch.Tensor:
+        """Expert ``index``'s ``"gate_up"`` or ``"down"`` matrix, dense (GGUF rows dequantized to float32)."""
+        stored = self.stored(name, index)
+        return stored if isinstance(stored, torch.Tensor) else stored.dequantize()
 
 
 def grouped_experts(

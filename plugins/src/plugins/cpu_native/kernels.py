@@ -9,14 +9,17 @@ bound once at construction, on the tensors' data pointers.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F16, IsaTable, NativeLib
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantLinearMixin
+from plugins.cpu_native.moe import NativeExperts, native_fused_moe, pack_experts
 from plugins.kernels import Kernels
 from plugins.kv_cache import calibrate
 from plugins.lora import LoRAMapping
+from plugins.moe import ExpertWeights
 
 #: the one-byte cache dtype codes of native/src/fp8.h
 FP8_CODES = {torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
@@ -71,14 +74,22 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
     :param table: the plugin's library and its variants.
     :param isa: ``CPU_KERNEL_ISA``: ``"auto"`` (best the CPU runs) or one of ``table.choices``.
     :param num_threads: OpenMP threads per kernel (default: CPUs this process may use).
+    :param quantize_activations: ``CPU_QUANT_ACTIVATIONS`` (:mod:`plugins.cpu_native.linear`).
+    :param moe_prepack: ``CPU_MOE_PREPACK``: pack experts at load (:mod:`plugins.cpu_native.moe`).
     """
 
     def __init__(
-        self, table: IsaTable, isa: str = "auto", num_threads: int | None = None, quantize_activations: bool = False
+        self,
+        table: IsaTable,
+        isa: str = "auto",
+        num_threads: int | None = None,
+        quantize_activations: bool = False,
+        moe_prepack: bool = True,
     ) -> None:
         self.lib = NativeLib(table, isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
+        self.moe_prepack = moe_prepack
 
     @property
     def isa(self) -> str:
@@ -86,6 +97,8 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         return self.lib.isa
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if _heads_view(x) and not x.is_contiguous():  # q/k heads of a fused projection: normed as a copy
+            x = x.contiguous()
         dt, wdt, rows = NATIVE_DTYPES.get(x.dtype), NATIVE_DTYPES.get(weight.dtype), _rows(x)
         if dt is None or wdt is None or rows is None or not weight.is_contiguous():
             return super().rms_norm(x, weight, eps)
@@ -274,6 +287,21 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         if unread:  # cache_code() names only the pairs the kernel reads
             raise ValueError(f"the native paged_attention does not read a {k_cache.dtype} cache under {q.dtype}")
         return out
+
+    def prepare_experts(self, experts: ExpertWeights, quantization: str | None) -> Any:
+        """Each expert's projections prepared as dense linears' weights and stacked for the native
+        kernel (:func:`plugins.cpu_native.moe.pack_experts`); experts it does not take stay as loaded."""
+        packed = pack_experts(self, experts, quantization, self.moe_prepack)
+        return experts if packed is None else packed
+
+    def fused_moe(
+        self, x: torch.Tensor, experts: Any, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Native on packed experts (native/src/moe.cpp: grouped by expert, each expert's weights
+        read once for all of its tokens); the SDK's grouped default on others."""
+        if isinstance(experts, NativeExperts):
+            return native_fused_moe(self.lib, experts, x, topk_weights, topk_ids, self.num_threads)
+        return super().fused_moe(x, experts, topk_weights, topk_ids)
 
     def lora_shrink(self, x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
         """Native (native/src/lora.cpp): each adapter row's ``rank`` dots over the input features."""

@@ -131,6 +131,9 @@ _SIGNATURES = {
     # dtype, y, y_stride, h, h_stride, b, n, rank, row_slots, rows, num_slots, nthreads
     "lora_expand": (c_int, [c_int, _P, c_long, _P, c_long, _P, c_long, c_long, _P, c_long, c_long, c_int]),
     "lora_max_rank": (c_long, []),
+    # experts, dtype, x, x_stride, tokens, topk_weights, topk_ids, top_k, out, nthreads
+    # (native/src/moe.cpp; structures in moe.py)
+    "fused_moe": (c_int, [_P, c_int, _P, c_long, c_long, _P, _P, c_long, _P, c_int]),
     # decoder, step, nthreads (native/src/decode.cpp; structures in runner.py)
     "decode": (c_int, [_P, _P, c_int]),
 }

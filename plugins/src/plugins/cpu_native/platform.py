@@ -33,6 +33,13 @@ def native_env_vars(table: IsaTable) -> tuple[EnvVar, ...]:
             "match transformers' on the dequantized weights)",
         ),
         EnvVar(
+            "CPU_MOE_PREPACK",
+            bool,
+            True,
+            "pack mixture-of-experts weights at load as the dense linears' are (GGUF experts in groups of 8 "
+            "rows, bfloat16 ones in AVX512_BF16 tiles); 0: compute the experts as stored",
+        ),
+        EnvVar(
             "CPU_FUSED_DECODE",
             bool,
             True,
@@ -76,7 +83,9 @@ class NativeCpuPlatform(CpuPlatform, abstract=True):
         from plugins.cpu_native.kernels import NativeCpuKernels
 
         choice, quantize = self.env["CPU_KERNEL_ISA"], self.env["CPU_QUANT_ACTIVATIONS"]
-        kernels = NativeCpuKernels(self.isa_table, choice, quantize_activations=quantize)
+        kernels = NativeCpuKernels(
+            self.isa_table, choice, quantize_activations=quantize, moe_prepack=self.env["CPU_MOE_PREPACK"]
+        )
         logger.info(
             "%s kernels: %s path (CPU_KERNEL_ISA=%s); GGUF/int8 linears on %s",
             self.name,

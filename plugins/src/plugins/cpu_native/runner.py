@@ -24,9 +24,10 @@ from plugins.config import EngineConfigView
 from plugins.cpu_native.kernels import cache_code
 from plugins.cpu_native.library import F32W
 from plugins.cpu_native.linear import NATIVE_DTYPES, QuantizedWeight, native_bias
+from plugins.cpu_native.moe import ExpertsLayout, NativeExperts
 from plugins.cpu_native.shm import SharedMemoryCommunicator
 from plugins.lora import LoRAWeights
-from plugins.model import LinearWeights, ModelDescription
+from plugins.model import LinearWeights, ModelDescription, MoEWeights
 from plugins.runner import ModelInputs, Runner
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,15 @@ class _Linear(Structure):
     ]  # fmt: skip
 
 
+class _MoE(Structure):
+    _fields_ = [("router", _Linear), ("experts", POINTER(ExpertsLayout)), ("top_k", c_long), ("renormalize", c_int)]
+
+
 class _Layer(Structure):
     _fields_ = [
         ("input_norm", c_void_p), ("post_norm", c_void_p), ("qkv", _Linear), ("o", _Linear),
         ("gate_up", _Linear), ("down", _Linear), ("k_cache", c_void_p), ("v_cache", c_void_p),
-        ("kv_scale", c_void_p),
+        ("kv_scale", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("moe", POINTER(_MoE)),
     ]  # fmt: skip
 
 
@@ -123,6 +128,18 @@ def _lora(lora: LoRAWeights, linear: LinearWeights, dtype: torch.dtype, max_rank
                  a.shape[0], ctypes.pointer(step))  # fmt: skip
 
 
+def _moe(moe: MoEWeights, hidden: int, what: str) -> _MoE:
+    """The native description of a mixture-of-experts MLP (its experts packed by ``prepare_experts``)."""
+    experts = moe.experts
+    _need(isinstance(experts, NativeExperts), f"{what} experts are not packed for the native kernel "
+          "(projection inputs not a multiple of 32, or a format it does not take)")  # fmt: skip
+    _need(moe.router.lora is None, f"{what} router has LoRA adapters")
+    _need((moe.router.in_features, moe.router.out_features) == (hidden, moe.num_experts), f"{what} router shape")
+    _need((experts.hidden_size, experts.num_experts) == (hidden, moe.num_experts), f"{what} experts' shape")
+    _need(0 < moe.top_k <= moe.num_experts, f"{what} routes to {moe.top_k} of {moe.num_experts} experts")
+    return _MoE(_linear(moe.router, f"{what} router"), ctypes.pointer(experts.native), moe.top_k, moe.renormalize)
+
+
 def _native_all_reduce(comm: Any | None) -> tuple[int | None, int | None]:
     """The native all-reduce of a tensor-parallel model's communicator and its handle, (None, None) unsplit."""
     if comm is None:
@@ -134,7 +151,8 @@ def _native_all_reduce(comm: Any | None) -> tuple[int | None, int | None]:
 
 class FusedDecoder:
     """One native call per forward pass of a Llama-family model (any batch of a step),
-    from the model's explicit description (:class:`plugins.model.ModelDescription`).
+    from the model's explicit description (:class:`plugins.model.ModelDescription`): q/k head
+    norms (Qwen3) and mixture-of-experts layers (native/src/moe.cpp) included.
 
     :raises NotFusable: a weight format, a dtype, a dim or the cache layout is one the
         native decoder does not run (the caller then runs eagerly).
@@ -164,16 +182,23 @@ class FusedDecoder:
         self._layers = (_Layer * len(layers))()
         self._lora_step = _LoRAStep()  # the step's rows -> slots, set by each call with adapter rows
         self._loras: list[_LoRA] = []  # kept alive: the layers point at them
+        self._moes: list[_MoE] = []  # likewise
         for i, layer in enumerate(layers):
             k_cache, v_cache = layer.k_cache, layer.v_cache
             _need(k_cache.shape == k_cache0.shape == v_cache.shape, "same KV cache shape per layer")
             _need(tuple(k_cache.shape[2:]) == (kv_heads, d), "KV cache layout [blocks, block_size, kv_heads, d]")
-            _need(layer.q_norm is None and layer.k_norm is None, f"layer {i} normalizes its q/k heads")
-            _need(layer.moe is None, f"layer {i} is a mixture of experts")
             entry = self._layers[i]
             entry.input_norm = _dense(layer.input_norm, norm_w.dtype, f"layer {i} input norm")
             entry.post_norm = _dense(layer.post_attention_norm, norm_w.dtype, f"layer {i} post norm")
-            for name in ("qkv", "o", "gate_up", "down"):
+            if layer.q_norm is not None or layer.k_norm is not None:
+                _need(all(w is not None and w.shape == (d,) for w in (layer.q_norm, layer.k_norm)),
+                      f"layer {i} q/k norms: a [{d}] weight each")  # fmt: skip
+                entry.q_norm = _dense(layer.q_norm, norm_w.dtype, f"layer {i} q norm")
+                entry.k_norm = _dense(layer.k_norm, norm_w.dtype, f"layer {i} k norm")
+            if layer.moe is not None:
+                self._moes.append(_moe(layer.moe, hidden, f"layer {i}"))
+                entry.moe = ctypes.pointer(self._moes[-1])
+            for name in ("qkv", "o") if layer.moe is not None else ("qkv", "o", "gate_up", "down"):
                 linear = getattr(layer, name)
                 _need((linear.in_features, linear.out_features) == shapes[name], f"layer {i} {name} shape")
                 native = _linear(linear, f"layer {i} {name}")
