@@ -54,7 +54,7 @@ TORCH_NAME = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def kernel_specs(dtype: str, head_size: int):
     """``(kernel, argument types, constexprs, num_warps)`` as the wrappers launch them on a GPU."""
     import torch
-    from plugins.gpu_triton import attention, gemv, ops
+    from plugins.gpu_triton import attention, gemv, moe, ops
     from plugins.gpu_triton.kernels import attention_tiles
 
     ptr = f"*{dtype}"
@@ -87,6 +87,14 @@ def kernel_specs(dtype: str, head_size: int):
                 yield gemv._skinny_kernel, skinny, consts, warps
     bitmask = {"logits_ptr": "*fp32", "bitmask_ptr": "*i32", "rows_ptr": "*i64"}
     yield ops._token_bitmask_kernel, bitmask, dict(BLOCK=1024), 4
+    grouped = {"a_ptr": ptr, "w_ptr": ptr, "sorted_ids_ptr": "*i32", "block_experts_ptr": "*i32",
+               "num_padded_ptr": "*i32", "weights_ptr": "*fp32"}  # fmt: skip
+    size = torch.finfo(getattr(torch, TORCH_NAME[dtype])).bits // 8
+    for block_m, block_n, block_k, warps in (moe.SMALL_TILES[size], moe.LARGE_TILES[size]):
+        tile = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        # gate/up writes the activations' dtype, down float32 rows
+        yield moe._grouped_gemm_kernel, grouped | {"out_ptr": ptr}, dict(GATED=True, **tile), warps
+        yield moe._grouped_gemm_kernel, grouped | {"out_ptr": "*fp32"}, dict(GATED=False, **tile), warps
 
 
 def gpu_target(arch: str):

@@ -7,11 +7,13 @@ reference, so every input the reference accepts stays correct.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 from plugins.attention import AttentionMetadata
 from plugins.kernels import Kernels
+from plugins.moe import ExpertWeights
 
 BACKENDS = ("triton", "reference")
 SKINNY_GEMM = ("auto", "triton", "cublas", None)
@@ -42,7 +44,8 @@ def attention_tiles(dtype: torch.dtype, head_size: int) -> tuple[int, int]:
 
 
 class TritonKernels(Kernels):
-    """Triton paged attention (prefill + split-K decode), norms, rotary, SiLU-and-mul, KV write.
+    """Triton paged attention (prefill + split-K decode), norms, rotary, SiLU-and-mul, KV write,
+    mixture-of-experts products.
 
     :param attention_backend: ``"triton"`` or ``"reference"`` (the torch reference).
     :param ops_backend: the same choice for the other ops.
@@ -174,6 +177,27 @@ class TritonKernels(Kernels):
         device = logits.device
         index = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
         ops.apply_token_bitmask(logits, bitmask.contiguous().to(device, non_blocking=True), index)
+
+    def prepare_experts(self, experts: ExpertWeights, quantization):
+        """Dense expert stacks made contiguous for the grouped GEMM; GGUF stacks as the reference keeps them."""
+        if isinstance(experts.gate_up, torch.Tensor) and isinstance(experts.down, torch.Tensor):
+            return dataclasses.replace(experts, gate_up=experts.gate_up.contiguous(), down=experts.down.contiguous())
+        return super().prepare_experts(experts, quantization)
+
+    def fused_moe(self, x, experts, topk_weights, topk_ids):
+        """Triton grouped GEMM over the pairs sorted by expert, silu * mul fused between gate/up and
+        down (:mod:`plugins.gpu_triton.moe`), for dense experts in ``x``'s dtype; else the reference."""
+        dense = isinstance(experts.gate_up, torch.Tensor) and isinstance(experts.down, torch.Tensor)
+        if (
+            not dense
+            or not self._triton_ops(x, experts.gate_up, experts.down)
+            or x.dim() != 2
+            or {experts.gate_up.dtype, experts.down.dtype} != {x.dtype}
+        ):
+            return super().fused_moe(x, experts, topk_weights, topk_ids)
+        from plugins.gpu_triton import moe
+
+        return moe.fused_moe(x, experts.gate_up, experts.down, topk_weights, topk_ids)
 
     def write_kv_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale=None):
         """Triton copy; a one-byte (FP8) cache runs the SDK's torch reference."""
