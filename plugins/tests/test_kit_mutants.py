@@ -1,5 +1,5 @@
-"""The kit proves itself: kernel sets (and memory profilers) with one classic bug each fail its checks,
-the reference passes.
+"""The kit proves itself: kernel sets (and memory profilers, runners) with one classic bug each fail
+its checks, the reference passes.
 
 Each mutant is a :class:`plugins.kernels.Kernels` subclass with one op broken the way plugin
 authors break it. One in-process pytest run holds a conformance class per mutant (float32, only
@@ -194,12 +194,28 @@ class IgnoresRequest(MemoryProfiler):
 """
 PROFILER_MUTANTS = {"SmallBudget": "max_model_len=8192", "IgnoresRequest": "--kv-cache-memory asked"}
 
+# runners: one that takes a row of more than 8 tokens for a fresh prompt (its cached prefix unseen,
+# its new keys written over the prefix's blocks): only a prefix-cache hit shows it (a speculative
+# row of drafts is shorter, a prompt has no prefix)
+RUNNERS = """
+class PrefixBlind(Runner):
+    def forward(self, inputs):
+        meta = inputs.attn_metadata
+        seq_lens = [q if q > 8 else s for q, s in zip(meta.query_lens_host, meta.seq_lens_host)]
+        tables = meta.block_tables.tolist()
+        blind = AttentionMetadata.build(meta.query_lens_host, seq_lens, tables, self.kv_caches[0][0].shape[1])
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, blind)
 
-def profiler_source(name):
-    """A reference platform ``Uses{name}`` whose memory profiler is ``name``, and its conformance class."""
+
+"""
+RUNNER_MUTANTS = {"PrefixBlind": "a prefix-cache hit beside three decodes"}
+
+
+def uses_source(name, maker="make_memory_profiler"):
+    """A reference platform ``Uses{name}`` whose ``maker`` returns ``name(self)``, and its conformance class."""
     return (
         f"class Uses{name}(ReferencePlatform):\n    name = {name.lower()!r}\n\n"
-        f"    def make_memory_profiler(self):\n        return {name}(self)\n\n\n"
+        f"    def {maker}(self):\n        return {name}(self)\n\n\n"
         f"class TestUses{name}(PlatformConformance):\n    platform = Uses{name}\n\n\n"
     )
 
@@ -232,12 +248,15 @@ def kit_results(tmp_path_factory):
     """Run the kit's checks of each broken op on its mutant and on the unbroken kernels (one run)."""
     root = tmp_path_factory.mktemp("mutants")
     source = (
-        "import torch\nimport torch.nn.functional as F\nfrom plugins.kernels import Kernels\n"
-        "from plugins.memory import MemoryProfiler\nfrom plugins.reference import ReferencePlatform\n"
+        "import torch\nimport torch.nn.functional as F\nfrom plugins.attention import AttentionMetadata\n"
+        "from plugins.kernels import Kernels\nfrom plugins.memory import MemoryProfiler\n"
+        "from plugins.reference import ReferencePlatform\nfrom plugins.runner import Runner\n"
         "from plugins.testing import PlatformConformance\n\n\n"
         + WRITTEN_OUT
         + PROFILERS
-        + "".join(map(profiler_source, PROFILER_MUTANTS))
+        + RUNNERS
+        + "".join(map(uses_source, PROFILER_MUTANTS))
+        + "".join(uses_source(name, "make_runner") for name in RUNNER_MUTANTS)
         + platform_source("Reference", "")
         + platform_source("WrittenOut", "", base="WrittenOutKernels")
         + "".join(
@@ -249,8 +268,12 @@ def kit_results(tmp_path_factory):
     (root / "pytest.ini").write_text("[pytest]\n")
     checks = " or ".join(sorted({f"({k})" for k, _, _ in MUTANTS.values()}))
     selection = " or ".join(
-        [f"(TestReference and ({checks} or test_memory))", "(TestWrittenOut and paged_attention)"]
+        [
+            f"(TestReference and ({checks} or test_memory or test_speculative or three_steps))",
+            "(TestWrittenOut and paged_attention)",
+        ]
         + [f"(TestUses{name} and test_memory)" for name in PROFILER_MUTANTS]
+        + [f"(TestUses{name} and (test_speculative or three_steps))" for name in RUNNER_MUTANTS]
         + [f"(Test{name} and ({k}))" for name, (k, _, _) in MUTANTS.items()]
     )
     reports = Reports()
@@ -288,3 +311,12 @@ def test_the_kit_fails_a_memory_profiler_that_cannot_serve_the_defaults(kit_resu
     ran = outcomes_of(kit_results, f"TestUses{name}")
     failures = [text for outcome, text in ran.values() if outcome == "failed"]
     assert any(PROFILER_MUTANTS[name] in text for text in failures), f"{name}: {len(failures)} of {len(ran)} failed"
+
+
+@pytest.mark.parametrize("name", list(RUNNER_MUTANTS))
+def test_the_kit_fails_a_runner_only_on_the_step_it_breaks(kit_results, name):
+    """The three-step check fails the runner naming the step; the speculative-step check passes it."""
+    ran = outcomes_of(kit_results, f"TestUses{name}")
+    outcome, text = next(result for nodeid, result in ran.items() if "three_steps" in nodeid)
+    assert outcome == "failed" and RUNNER_MUTANTS[name] in text and "not close" in text, text[-1500:]
+    assert all(result[0] == "passed" for nodeid, result in ran.items() if "speculative" in nodeid), ran

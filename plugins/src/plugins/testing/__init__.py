@@ -24,7 +24,10 @@ and inherits every check, one module of this package per concern:
 - :mod:`plugins.testing.lora_checks`: the LoRA shrink/expand hook over a mixed batch;
 - :mod:`plugins.testing.runtime`: memory profiler sanity, runner padding equal to eager,
   the communicator, and end-to-end greedy generation on a tiny random model equal to the
-  reference platform's tokens (when ``core`` is installed).
+  reference platform's tokens (when ``core`` is installed);
+- :mod:`plugins.testing.runner_steps`: the platform's own runner (its fused or compiled forward,
+  its KV layout) at its block size over prefill, a prefix-cache hit beside decodes, and decode,
+  against the eager torch path (when ``core`` is installed).
 
 Checks that need the device skip, with the platform's reason, where it is unavailable.
 What backend and engine tests share besides the kit (the reference platform, a test engine

@@ -9,6 +9,7 @@ from plugins.testing.kv_dtypes import KvCacheDtypeChecks
 from plugins.testing.lora_checks import LoRAChecks
 from plugins.testing.moe_checks import MoEChecks
 from plugins.testing.pooling_checks import PoolingChecks
+from plugins.testing.runner_steps import RunnerStepChecks
 from plugins.testing.runtime import RuntimeChecks
 
 
@@ -21,5 +22,6 @@ class PlatformConformance(
     MoEChecks,
     PoolingChecks,
     RuntimeChecks,
+    RunnerStepChecks,
 ):
     """Inherit this in a backend's tests and set :attr:`platform` to its Platform class."""
