@@ -76,6 +76,9 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
     :param num_threads: OpenMP threads per kernel (default: CPUs this process may use).
     :param quantize_activations: ``CPU_QUANT_ACTIVATIONS`` (:mod:`plugins.cpu_native.linear`).
     :param moe_prepack: ``CPU_MOE_PREPACK``: pack experts at load (:mod:`plugins.cpu_native.moe`).
+    :param bf16_prepack: ``CPU_BF16_PREPACK``: bfloat16 products of many rows on GGUF/int8 weights
+        packed once as bfloat16 (:meth:`bf16_panels`); taken where the library has ``linear_bf16w``
+        (AVX512_BF16) and no tile unit (AMX builds keep their tile kernels).
     """
 
     def __init__(
@@ -85,11 +88,13 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         num_threads: int | None = None,
         quantize_activations: bool = False,
         moe_prepack: bool = True,
+        bf16_prepack: bool = True,
     ) -> None:
         self.lib = NativeLib(table, isa)
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
         self.moe_prepack = moe_prepack
+        self.bf16_prepack = bf16_prepack and bool(self.lib.linear_bf16w_ready()) and "amx" not in self.lib.isa
 
     @property
     def isa(self) -> str:

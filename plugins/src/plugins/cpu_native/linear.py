@@ -90,6 +90,14 @@ def native_rows(
     return x2, bias, bias_arg
 
 
+#: bfloat16 products of this many activation rows or more take a GGUF/int8 weight's packed bfloat16
+#: panels where the kernels prepack them (``CPU_BF16_PREPACK``; native/src/decode.cpp's kBf16wMinRows
+#: makes the same choice): from here the products are compute-bound, and vdpbf16ps on weights
+#: packed once outruns dequantizing them per product (Zen 4, 2 threads: 8 rows of 960x576 1.3x,
+#: 32 rows of 3072x576 1.5x the Q4_1 path)
+BF16_PANEL_MIN_ROWS = 8
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
@@ -121,6 +129,9 @@ class QuantizedWeight:
     scales_ptr: int = field(init=False, repr=False)
     #: the format code the kernel is called with
     call_code: int = field(init=False, repr=False)
+    #: the weight rounded to bfloat16 and packed for ``linear_bf16w``, made once on first use
+    #: (:meth:`QuantLinearMixin.bf16_panels`): empty, or the one :class:`Bf16Weight`
+    panels: list[Bf16Weight] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_ptr", self.data.data_ptr())
@@ -246,6 +257,19 @@ class QuantLinearMixin:
             )
         return pack_bf16(weight)
 
+    def bf16_panels(self, w: QuantizedWeight) -> Bf16Weight | None:
+        """``w`` rounded to bfloat16 and packed for bfloat16 products of :data:`BF16_PANEL_MIN_ROWS`
+        or more rows (made on the first call, kept with ``w``: 2 bytes a weight), or None where the
+        kernels do not prepack (``bf16_prepack`` off) or ``w`` takes its activations transformed
+        (act-order, FP8 rounding, int8 activations)."""
+        if not self.bf16_prepack or w.perm is not None or w.fp8_activations is not None or w.in_features % 32:
+            return None
+        if w.interleaved and not w.act16:
+            return None
+        if not w.panels:
+            w.panels.append(pack_bf16(w.dequantize()))
+        return w.panels[0]
+
     def _kernel_layout(self, w: QuantizedWeight) -> QuantizedWeight:
         """``w`` in the layout of the kernel that runs it: x8 with int8 activations (W8A8
         checkpoints, as calibrated: per token; every x8 format with ``CPU_QUANT_ACTIVATIONS``), x8
@@ -264,6 +288,10 @@ class QuantLinearMixin:
             if weight.fp8_activations is not None:
                 rounded = round_activations(x.float(), weight.fp8_activations, weight.input_scale)
                 return self._quantized_linear(rounded.contiguous(), weight, bias).to(x.dtype)
+            if x.dtype == torch.bfloat16 and x.numel() >= BF16_PANEL_MIN_ROWS * weight.in_features:
+                panels = self.bf16_panels(weight)
+                if panels is not None:
+                    return self._bf16_linear(x, panels, bias)
             return self._quantized_linear(x, weight, bias)
         if isinstance(weight, Bf16Weight):
             return self._bf16_linear(x, weight, bias)

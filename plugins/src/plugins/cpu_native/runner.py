@@ -47,7 +47,7 @@ class _LoRA(Structure):
 class _Linear(Structure):
     _fields_ = [
         ("w", c_void_p), ("scales", c_void_p), ("bias", c_void_p), ("n", c_long), ("k", c_long),
-        ("qt", c_int), ("bias_dtype", c_int), ("lora", POINTER(_LoRA)),
+        ("qt", c_int), ("bias_dtype", c_int), ("lora", POINTER(_LoRA)), ("bf16w", c_void_p),
     ]  # fmt: skip
 
 
@@ -202,6 +202,9 @@ class FusedDecoder:
                 linear = getattr(layer, name)
                 _need((linear.in_features, linear.out_features) == shapes[name], f"layer {i} {name} shape")
                 native = _linear(linear, f"layer {i} {name}")
+                if dtype == torch.bfloat16 and isinstance(linear.weight, QuantizedWeight):
+                    panels = kernels.bf16_panels(linear.weight)  # made here, once, as eager would make them
+                    native.bf16w = None if panels is None else panels.data_ptr
                 if linear.lora is not None:
                     self._loras.append(_lora(linear.lora, linear, dtype, kernels.lib.lora_max_rank(), self._lora_step,
                                              f"layer {i} {name}"))  # fmt: skip

@@ -1,0 +1,70 @@
+"""bfloat16 products of many rows on GGUF/int8 weights packed once as bfloat16 (CPU_BF16_PREPACK).
+
+From ``BF16_PANEL_MIN_ROWS`` activation rows a bfloat16 product takes the weight rounded to
+bfloat16 and packed (``linear_bf16w``), made on first use and kept with the weight; fewer rows,
+and kernels that do not prepack, dequantize the weight in the product as before.
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+from plugin_cpu_x86.platform import CpuX86Platform
+from plugins.cpu_native.bf16 import reference_bf16_linear
+from plugins.cpu_native.linear import BF16_PANEL_MIN_ROWS
+from plugins.kernels import GGUFWeight
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Within a bfloat16 rounding of the output (the sums' order differs)."""
+    torch.testing.assert_close(actual.float(), expected.float(), atol=2e-2, rtol=1.6e-2, msg=lambda m: f"{what}: {m}")
+
+
+def prepack_kernels(monkeypatch, prepack: bool):
+    monkeypatch.setenv("CORE_CPU_KERNEL_ISA", "avx512")
+    monkeypatch.setenv("CORE_CPU_BF16_PREPACK", "1" if prepack else "0")
+    try:
+        kernels = CpuX86Platform().kernels
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    if not kernels.lib.linear_bf16w_ready():
+        pytest.skip(f"the {kernels.isa} kernels have no linear_bf16w (no AVX512_BF16)")
+    return kernels
+
+
+def q4_1(n: int, k: int, gen: torch.Generator) -> GGUFWeight:
+    w = (torch.randn(n, k, generator=gen) * 0.05).numpy()
+    return GGUFWeight("Q4_1", torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1)), n, k)
+
+
+@pytest.mark.parametrize("rows", [BF16_PANEL_MIN_ROWS, 33, 130])
+def test_many_rows_take_the_packed_panels(monkeypatch, gen, rows):
+    kernels = prepack_kernels(monkeypatch, True)
+    assert kernels.bf16_prepack
+    weight = kernels.prepare_linear(q4_1(200, 96, gen), "gguf")
+    x = torch.randn(rows, 96, generator=gen).bfloat16()
+    bias = torch.randn(200, generator=gen)
+    out = kernels.linear(x, weight, bias)
+    assert len(weight.panels) == 1, "the panels are made on the first product of many rows, once"
+    expected = reference_bf16_linear(x, weight.panels[0], bias)
+    assert torch.equal(weight.panels[0].unpacked(), weight.dequantize().bfloat16())
+    assert_close(out, expected, f"{rows} rows on the packed panels")
+    kernels.linear(x, weight, bias)
+    assert len(weight.panels) == 1
+
+
+def test_few_rows_and_prepack_off_dequantize_per_product(monkeypatch, gen):
+    kernels = prepack_kernels(monkeypatch, True)
+    weight = kernels.prepare_linear(q4_1(64, 96, gen), "gguf")
+    kernels.linear(torch.randn(BF16_PANEL_MIN_ROWS - 1, 96, generator=gen).bfloat16(), weight)
+    kernels.linear(torch.randn(BF16_PANEL_MIN_ROWS, 96, generator=gen), weight)  # float32: no panels
+    assert not weight.panels
+
+    off = prepack_kernels(monkeypatch, False)
+    assert not off.bf16_prepack
+    weight = off.prepare_linear(q4_1(64, 96, gen), "gguf")
+    x = torch.randn(40, 96, generator=gen).bfloat16()
+    out = off.linear(x, weight)
+    assert not weight.panels and off.bf16_panels(weight) is None
+    assert_close(out, (x.float() @ weight.dequantize().T).bfloat16(), "CPU_BF16_PREPACK=0")
