@@ -1,4 +1,4 @@
-"""Parallel layouts on this machine: the all-reduce's latency, then TP=1 vs TP=2 (vs DP=2) served.
+"""Parallel layouts on this machine: the all-reduce's latency, then TP=1 vs TP=2 vs PP=2 (vs DP=2) served.
 
 ``allreduce``: two processes, one CPU each, all-reduce one token's hidden state (``--hidden``
 floats, the default model's 576) through gloo (the SDK's :class:`plugins.distributed.Communicator`)
@@ -9,10 +9,13 @@ median gloo / platform ratio.
 ``layouts``: a fresh ``core serve`` on the default model (SmolLM2-135M GGUF) per layout and
 round, layouts alternating round by round; a warm-up request, then one stream (the median
 inter-token latency) and 32 concurrent streams (generated tokens per second); the median over
-rounds of each layout's ITL over TP=1's in the same round. With two cores: TP=1 binds both to
-one engine (``auto``), TP=2 and DP=2 give each rank one core (``CORE_CPU_OMP_THREADS_BIND=0|1``).
+rounds of each layout's ITL (and 32 streams' tok/s) over TP=1's in the same round. With two
+cores: TP=1 binds both to one engine (``auto``), TP=2, PP=2 and DP=2 give each rank one core
+(``CORE_CPU_OMP_THREADS_BIND=0|1``). PP=2 runs the default model's 30 layers as two stages of
+15, a step's batch cut into two micro-batches that the stages overlap.
 
-Usage: ``python bench/parallel.py [allreduce|layouts|all] [--rounds 3] [--layouts "TP=1,TP=2 (mp)"] [--json out.json]``
+Usage: ``python bench/parallel.py [allreduce|layouts|all] [--rounds 3] [--layouts "TP=1,TP=2 (mp),PP=2 (mp)"]
+[--json out.json]``
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ LAYOUTS = {
     "TP=1": ([], "auto"),
     "TP=2 (mp)": (["-tp", "2"], "0|1"),
     "TP=2 (ray)": (["-tp", "2", "--distributed-executor-backend", "ray"], "0|1"),
+    "PP=2 (mp)": (["-pp", "2"], "0|1"),
+    "PP=2 (ray)": (["-pp", "2", "--distributed-executor-backend", "ray"], "0|1"),
     "DP=2": (["-dp", "2"], "0|1"),
 }
 COMMUNICATORS = ("gloo", "platform")
@@ -109,7 +114,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--calls", type=int, default=2000, help="all-reduces timed per rank and round")
-    parser.add_argument("--layouts", default="TP=1,TP=2 (mp)", help=f"comma-separated, of: {', '.join(LAYOUTS)}")
+    parser.add_argument(
+        "--layouts", default="TP=1,TP=2 (mp),PP=2 (mp)", help=f"comma-separated, of: {', '.join(LAYOUTS)}"
+    )
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--json", default=None)
@@ -144,8 +151,10 @@ def main() -> None:
                 )
             results["layouts"].append(rnd)
         for name in names[1:]:
-            ratios = [r[name]["itl_ms_p50_1_stream"] / r["TP=1"]["itl_ms_p50_1_stream"] for r in results["layouts"]]
-            print(f"{name} / TP=1 ITL at 1 stream: median {statistics.median(ratios):.2f}x ({ratios})")
+            for key, what in (("itl_ms_p50_1_stream", "ITL at 1 stream"), ("tok_s_32_streams", "tok/s at 32 streams")):
+                ratios = [r[name][key] / r["TP=1"][key] for r in results["layouts"]]
+                each = ", ".join(f"{x:.2f}" for x in ratios)
+                print(f"{name} / TP=1 {what}: median {statistics.median(ratios):.2f}x ({each})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

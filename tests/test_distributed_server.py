@@ -1,4 +1,4 @@
-"""``core serve`` split over processes: a TP=2 server whose worker dies, a DP=2 server under load.
+"""``core serve`` split over processes: a TP=2 or PP=2 server whose worker dies, a DP=2 server under load.
 
 Each test starts a real server on the tiny random Llama with its own worker processes
 (about 20-40 s on 2 cores, most of it the workers importing torch).
@@ -59,8 +59,9 @@ def two_cpus(monkeypatch):
     os.sched_setaffinity(0, mine)
 
 
-def test_tp2_server_reports_a_killed_worker_answers_503_and_exits(tiny_llama, start_server, two_cpus):
-    server = start_server(tiny_llama, "-tp", "2", "--dtype", "float32", "--max-model-len", "512")
+@pytest.mark.parametrize("split", [["-tp", "2"], ["-pp", "2"]], ids=["tp2", "pp2"])
+def test_split_server_reports_a_killed_worker_answers_503_and_exits(split, tiny_llama, start_server, two_cpus):
+    server = start_server(tiny_llama, *split, "--dtype", "float32", "--max-model-len", "512")
     try:
         ok = httpx.post(f"{server.url}/v1/completions", json={**PROMPT, "max_tokens": 4}, timeout=60)
         assert ok.status_code == 200, ok.text

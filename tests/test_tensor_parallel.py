@@ -2,7 +2,8 @@
 
 Tiny random models of every architecture, one of them with fewer KV heads than ranks
 (replicated) and one with a vocabulary that does not split evenly. Greedy tokens must
-equal TP=1's; a killed worker must end the engine with an error naming its rank.
+equal TP=1's; a killed worker (of a TP=2 or a PP=2 engine) must end the engine with an error
+naming its rank (tests/test_pipeline_parallel.py has the rest of PP=2).
 """
 
 import os
@@ -64,10 +65,11 @@ def test_tp2_greedy_equals_tp1(arch, tmp_path):
     assert greedy(tmp_path, tensor_parallel_size=2, distributed_executor_backend="mp") == greedy(tmp_path)
 
 
-def test_killed_worker_ends_the_engine_naming_its_rank(tmp_path):
+@pytest.mark.parametrize("split", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+def test_killed_worker_ends_the_engine_naming_its_rank(split, tmp_path):
     build("llama", tmp_path)
     llm = LLM(model=str(tmp_path), device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
-              max_model_len=128, kv_cache_bytes=1 << 22, tensor_parallel_size=2)  # fmt: skip
+              max_model_len=128, kv_cache_bytes=1 << 22, **split)  # fmt: skip
     procs = list(llm.engine.executor.procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()

@@ -50,11 +50,11 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, data_parallel_rank: int = 0) -> None:
         """:param data_parallel_rank: which of ``config.data_parallel_size`` replicas this engine is
-        (its workers take global ranks from ``data_parallel_rank * tensor_parallel_size``)."""
+        (its workers take global ranks from ``data_parallel_rank * world_size``)."""
         started = time.perf_counter()
         spec = None if config.speculative_config is None else SpeculativeConfig.from_dict(config.speculative_config)
         resolved = resolve_engine(config)
-        first_rank = data_parallel_rank * resolved.config.tensor_parallel_size
+        first_rank = data_parallel_rank * resolved.config.world_size
         self.platform = resolved.platform
         self.config = config = dataclasses.replace(resolved.config, rank=first_rank, local_rank=first_rank)
         torch.manual_seed(config.seed)

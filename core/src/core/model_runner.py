@@ -19,6 +19,7 @@ from plugins.runner import ModelInputs, Runner
 
 from core.loader import LoadedModel
 from core.lora import LoRAManager, LoRARequest
+from core.partition.pipeline import PipelineStage
 from core.scheduler import ScheduledSeq
 
 logger = logging.getLogger(__name__)
@@ -41,12 +42,20 @@ class ModelRunner:
     :param runner: the platform runner it binds its model and KV cache to: the platform's own
         by default; a second model in the same worker (a speculative draft model) passes a
         fresh one (``platform.make_runner()``).
+    :param stage: the pipeline stage ``loaded`` holds (default: the whole model): a stage after
+        the first runs on the previous stage's output, one before the last computes no logits.
     """
 
     def __init__(
-        self, platform: Platform, loaded: LoadedModel, config: EngineConfigView, runner: Runner | None = None
+        self,
+        platform: Platform,
+        loaded: LoadedModel,
+        config: EngineConfigView,
+        runner: Runner | None = None,
+        stage: PipelineStage | None = None,
     ) -> None:
         self.platform = platform
+        self.stage = stage or PipelineStage.whole(loaded.num_layers)
         self.runner = platform.runner if runner is None else runner
         self.loaded = loaded
         self.model = loaded.model
@@ -96,8 +105,11 @@ class ModelRunner:
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         runner = self.runner
         with runner.grad_mode():
-            hidden = runner.profile(self.model, caches, ModelInputs(ids, positions, meta))
-            self.model.compute_logits(hidden[-self.config.max_num_seqs :])
+            hidden = runner.profile(
+                self.model, caches, ModelInputs(ids, positions, meta, None, self._zeros(num_tokens))
+            )
+            if self.stage.is_last:
+                self.model.compute_logits(hidden[-self.config.max_num_seqs :])
         self.platform.synchronize()
 
     def plan_kv_cache(self, extra_block_bytes: int = 0) -> KVCachePlan:
@@ -136,12 +148,28 @@ class ModelRunner:
         self.runner.prepare(self.model, self.kv_caches, self.config)
 
     # -- one step -----------------------------------------------------------------------
+    def _zeros(self, num_tokens: int) -> torch.Tensor | None:
+        """A stage after the first: a stand-in for the previous stage's output (the profile pass's)."""
+        if self.stage.is_first:
+            return None
+        return torch.zeros(num_tokens, 2 * self.loaded.hf_config.hidden_size, dtype=self.dtype, device=self.device)
+
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
         """Run the forward pass of one scheduled batch and compute the logits it needs."""
         return self.run(make_batch(scheduled))
 
     def run(self, batch: StepBatch) -> StepLogits:
         """Run the forward pass of a flattened batch and compute the logits it needs."""
+        return self.logits(batch, self.forward(batch))
+
+    def forward(self, batch: StepBatch, intermediate: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the model (its stage) on a flattened batch: the final hidden states, or on a pipeline
+        stage before the last its hidden states and residual (:class:`plugins.runner.ModelInputs`).
+
+        :param intermediate: on a stage after the first, the previous stage's output for the batch.
+        """
+        if (intermediate is None) != self.stage.is_first:
+            raise ValueError(f"pipeline stage {self.stage.rank} takes the previous stage's output, and only then")
         runner = self.runner
         meta, (input_ids, positions) = build_step(
             batch.query_lens, batch.seq_lens, batch.block_tables, self.config.block_size,
@@ -152,13 +180,18 @@ class ModelRunner:
             if self.lora is None:
                 raise ValueError("a step with LoRA adapters on an engine without enable_lora")
             lora = self.lora.activate(batch.loras, batch.query_lens, self.device)
-        inputs = ModelInputs(input_ids, positions, meta, lora)
+        inputs = ModelInputs(input_ids, positions, meta, lora, intermediate)
         with runner.grad_mode():
             try:
-                hidden = runner.execute(inputs)
+                return runner.execute(inputs)
             finally:
                 if lora is not None:
                     self.lora.deactivate()
+
+    def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
+        """The logits ``batch`` needs from the final hidden states ``hidden`` (of the last stage)."""
+        runner = self.runner
+        with runner.grad_mode():
             sample_logits = runner.compute_logits(hidden, batch.sample_rows)
             prompt_logits = {
                 seq_id: (first_pos, runner.compute_logits(hidden, list(range(lo, hi))))
@@ -167,9 +200,20 @@ class ModelRunner:
         return StepLogits(sample_logits, batch.sample_seq_ids, prompt_logits)
 
 
+def join_logits(parts: list[StepLogits]) -> StepLogits:
+    """One step's logits from those of its consecutive micro-batches (pipeline parallelism)."""
+    if len(parts) == 1:
+        return parts[0]
+    return StepLogits(
+        torch.cat([p.sample_logits for p in parts]),
+        [seq_id for p in parts for seq_id in p.sample_seq_ids],
+        {seq_id: rows for p in parts for seq_id, rows in p.prompt_logits.items()},
+    )
+
+
 @dataclass
 class StepBatch:
-    """One step's batch as plain lists (cheap to send to tensor-parallel workers)."""
+    """One step's batch as plain lists (cheap to send to the workers of a split model)."""
 
     input_ids: list[int]
     positions: list[int]

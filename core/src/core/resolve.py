@@ -77,8 +77,8 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         value = getattr(settings, field.name)
         if how.choices is not None and value not in how.choices and not (value is None and field.default is None):
             raise ValueError(f"{field.name} must be one of {', '.join(how.choices)}, got {value!r}")
-    positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "data_parallel_size",
-                "max_loras", "max_lora_rank")  # fmt: skip
+    positive = ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size", "pipeline_parallel_size",
+                "data_parallel_size", "max_loras", "max_lora_rank")  # fmt: skip
     for name in positive:
         value = getattr(settings, name)
         if value is None and name == "max_num_batched_tokens":
@@ -91,6 +91,8 @@ def validate_settings(settings: EngineConfig | EngineConfigView) -> None:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
     if settings.kv_cache_bytes is not None and settings.kv_cache_bytes <= 0:
         raise ValueError(f"kv_cache_bytes must be positive, got {settings.kv_cache_bytes}")
+    if settings.enable_lora and settings.pipeline_parallel_size > 1:
+        raise ValueError("enable_lora runs with pipeline_parallel_size=1 (LoRA over pipeline stages is not built yet)")
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
         raise ValueError(f"max_cpu_loras ({settings.max_cpu_loras}) must be >= max_loras ({settings.max_loras})")
 

@@ -156,9 +156,14 @@ class EngineSettings:
     gpu_memory_utilization: float = setting(0.9, "share of the device's memory the engine may take")
     served_model_name: str | None = setting(None, "the model's name in the API (default: the model's)")
     tensor_parallel_size: int = setting(1, "ranks one model is split over", flags=("--tensor-parallel-size", "-tp"))
+    pipeline_parallel_size: int = setting(
+        1,
+        "pipeline stages one model's layers are split over (each stage has tensor_parallel_size ranks)",
+        flags=("--pipeline-parallel-size", "-pp"),
+    )
     data_parallel_size: int = setting(1, "engine replicas behind one server", flags=("--data-parallel-size", "-dp"))
     distributed_executor_backend: str = setting(
-        "mp", "how tensor-parallel workers run: processes or Ray actors", choices=EXECUTOR_BACKENDS
+        "mp", "how the workers of a split model run: processes or Ray actors", choices=EXECUTOR_BACKENDS
     )
     enable_lora: bool = setting(False, "serve LoRA adapters (a request's lora_request, the server's --lora-modules)")
     max_loras: int = setting(1, "most distinct LoRA adapters in one engine step")
@@ -197,7 +202,8 @@ class EngineConfigView(EngineSettings):
     ``dtype`` is one of the platform's ``supported_dtypes`` and ``kv_cache_dtype`` one of its
     ``supported_kv_cache_dtypes`` or the compute dtype's name (for ``auto``).
 
-    :ivar rank: this process's rank among ``world_size`` tensor-parallel workers.
+    :ivar rank: this process's global rank: ``data_parallel_rank * world_size`` plus its rank
+        within its replica, ``pipeline_rank * tensor_parallel_size + tensor_parallel_rank``.
     :ivar local_rank: this process's rank on its own machine.
     """
 
@@ -206,8 +212,8 @@ class EngineConfigView(EngineSettings):
 
     @property
     def world_size(self) -> int:
-        """Number of workers one model is split over (the tensor-parallel size)."""
-        return self.tensor_parallel_size
+        """Number of workers one model is split over (tensor x pipeline parallel size)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:

@@ -242,11 +242,12 @@ class CpuPlatform(Platform, abstract=True):
 
     def default_max_num_batched_tokens(self, config: EngineConfigView) -> int:
         """:data:`STEP_PREFILL_SECONDS` of prefill on the cores of one engine replica (its
-        tensor-parallel ranks compute each step together; rank 0's share, as :meth:`init_device`
-        will bind it, times their number), :data:`PREFILL_TOKENS_PER_S_PER_CORE` each, rounded
-        up to a multiple of 16 and kept within [64, 2048]: 160 on 2 cores, 2048 from 28 up."""
+        tensor-parallel ranks compute each step together, and each pipeline stage runs the whole
+        step on its layers; rank 0's share, as :meth:`init_device` will bind it, times the
+        tensor-parallel size), :data:`PREFILL_TOKENS_PER_S_PER_CORE` each, rounded up to a
+        multiple of 16 and kept within [64, 2048]: 160 on 2 cores, 2048 from 28 up."""
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
-        num_ranks = config.tensor_parallel_size * config.data_parallel_size
+        num_ranks = config.world_size * config.data_parallel_size
         allowed = process_cpus()
         cpus = select_cpus(bind, allowed, 0, reserved, num_ranks=num_ranks)
         per_rank = len(cpus) if cpus is not None else max(1, len(allowed) // num_ranks)
@@ -256,9 +257,9 @@ class CpuPlatform(Platform, abstract=True):
 
     def init_device(self, config: EngineConfigView) -> None:
         """Bind the calling thread and the compute threads of ``config.local_rank`` (one of
-        ``tensor_parallel_size x data_parallel_size`` ranks on this machine)."""
+        ``world_size x data_parallel_size`` ranks on this machine)."""
         bind, reserved = self.env["CPU_OMP_THREADS_BIND"], self.env["CPU_NUM_OF_RESERVED_CPU"]
-        num_ranks = config.tensor_parallel_size * config.data_parallel_size
+        num_ranks = config.world_size * config.data_parallel_size
         cpus = select_cpus(bind, process_cpus(), config.local_rank, reserved, num_ranks=num_ranks)
         if cpus is None:
             logger.info("%s: compute threads not bound (CPU_OMP_THREADS_BIND=nobind)", self.name)

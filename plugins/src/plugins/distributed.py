@@ -1,25 +1,46 @@
-"""Collectives among the ranks that share one model (tensor parallelism).
+"""Collectives among the ranks that share one model (tensor parallelism), and the hand-off
+between pipeline stages.
 
-:class:`Communicator` is the SDK default: ``torch.distributed`` all-reduce and
-all-gather over the platform's :attr:`plugins.Platform.distributed_backend` (gloo for
-the CPU plugins, nccl for cuda/rocm, ...). A platform with a faster path (a
+:class:`Communicator` is the SDK default: ``torch.distributed`` all-reduce, all-gather and
+point-to-point send/recv over the platform's :attr:`plugins.Platform.distributed_backend`
+(gloo for the CPU plugins, nccl for cuda/rocm, ...). A platform with a faster path (a
 shared-memory all-reduce, a vendor library) returns a subclass from
 :meth:`plugins.Platform.make_communicator`; the conformance kit checks it with two
 processes (:func:`check_communicator`).
+
+One process may hold two communicators over parts of the same process group: under
+``tensor x pipeline`` parallelism a rank all-reduces with the ranks of its stage and sends
+to the next stage's rank of its own tensor-parallel place (``ranks`` says which).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import os
 import pickle
 import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+
+#: names the node a rank runs on beside its host: core's Ray executor sets it to the rank's Ray
+#: node id, so that ranks on two Ray nodes started on one machine count as on two hosts
+NODE_ID_ENV = "CORE_NODE_ID"
+
+
+def host_id() -> tuple[str, str, str]:
+    """What tells this rank's host from the other ranks': its host name, its kernel's boot id,
+    and the node id of :data:`NODE_ID_ENV` (empty when unset). Ranks with equal ids may share
+    memory."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return socket.gethostname(), boot.read_text().strip() if boot.exists() else "", os.environ.get(NODE_ID_ENV, "")
 
 
 def free_tcp_address(host: str = "127.0.0.1") -> str:
@@ -30,40 +51,63 @@ def free_tcp_address(host: str = "127.0.0.1") -> str:
 
 
 class Communicator:
-    """Sum and gather tensors across ``world_size`` ranks through ``torch.distributed``.
+    """Sum, gather, send and receive tensors among ranks through ``torch.distributed``.
 
     Every rank constructs one with the same ``init_method`` and ``world_size`` and its
-    own ``rank``; the constructor returns once all ranks have joined.
+    own ``rank``; the constructor returns once all ranks (of ``ranks``) have joined. The
+    first communicator of a process joins the process group of all ``world_size`` ranks;
+    a second one (with other ``ranks``) shares it.
 
     :param backend: the ``torch.distributed`` backend name (``"gloo"``, ``"nccl"``, ...).
-    :param rank: this process's rank, ``0 <= rank < world_size``.
-    :param world_size: number of ranks.
+    :param rank: this process's rank in the process group, ``0 <= rank < world_size``.
+    :param world_size: number of ranks in the process group.
     :param init_method: rendezvous address every rank uses, e.g. ``tcp://127.0.0.1:29500``.
     :param timeout_s: how long a collective may wait for the other ranks before it raises.
+    :param ranks: the process-group ranks this communicator spans, ``rank`` among them (default:
+        all). Its :attr:`rank` and :attr:`world_size`, and the ranks :meth:`send` and :meth:`recv`
+        name, are then places in ``ranks``.
     """
 
-    def __init__(self, backend: str, rank: int, world_size: int, init_method: str, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        backend: str,
+        rank: int,
+        world_size: int,
+        init_method: str,
+        timeout_s: float = 600.0,
+        ranks: Sequence[int] | None = None,
+    ) -> None:
         import torch.distributed as dist
 
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, {world_size})")
-        self.rank = rank
-        self.world_size = world_size
+        members = list(range(world_size) if ranks is None else ranks)
+        if rank not in members or len(set(members)) != len(members) or not all(0 <= r < world_size for r in members):
+            raise ValueError(f"ranks {members} must be distinct ranks of [0, {world_size}) including rank {rank}")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        #: whether this communicator joined the process group (then :meth:`close` leaves it)
+        self.owns_group = not dist.is_initialized()
+        if self.owns_group:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+            logger.info("rank %d/%d joined the %s process group at %s", rank, world_size, backend, init_method)
+        elif (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise ValueError(
+                f"this process is rank {dist.get_rank()} of {dist.get_world_size()} already, not {rank} of {world_size}"
+            )
+        #: the ``torch.distributed`` group of ``ranks``; None: the whole process group
+        self.group = None
+        if len(members) < world_size:
+            self.group = dist.new_group(members, timeout=timeout, backend=backend, use_local_synchronization=True)
+        self.ranks = members
+        self.rank = members.index(rank)
+        self.world_size = len(members)
         self.backend = backend
-        dist.init_process_group(
-            backend,
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-        logger.info("rank %d/%d joined the %s process group at %s", rank, world_size, backend, init_method)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over all ranks, in place; returns it."""
         import torch.distributed as dist
 
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=self.group)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -72,15 +116,39 @@ class Communicator:
         import torch.distributed as dist
 
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
-    def close(self) -> None:
-        """Leave the process group (idempotent)."""
+    def send(self, tensor: torch.Tensor, dst: int) -> Callable[[], None]:
+        """Start sending contiguous ``tensor`` to rank ``dst``, which receives it with :meth:`recv`
+        (a tensor of the same shape and dtype); messages between two ranks arrive in order.
+
+        :return: a function that returns once the tensor has gone; ``tensor`` must stay
+            unchanged until then.
+        """
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        return dist.isend(tensor, group=self.group, group_dst=dst).wait
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Receive into ``tensor`` what rank ``src`` sent with :meth:`send`; returns ``tensor``."""
+        import torch.distributed as dist
+
+        dist.recv(tensor, group=self.group, group_src=src)
+        return tensor
+
+    def close(self) -> None:
+        """Leave this communicator's group, and the process group if this communicator joined
+        it (idempotent; close a process's other communicators first)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        if self.owns_group:
             dist.destroy_process_group()
+        elif self.group is not None:
+            dist.destroy_process_group(self.group)
+        self.group = None
 
 
 def _class_ref(cls: type) -> tuple[str, str | None, str]:
@@ -135,7 +203,11 @@ def _check_rank(
                     x = torch.randn(*shape, generator=gen).to(dtype)
                     summed = comm.all_reduce(x.clone().to(device)).cpu()
                     gathered = comm.all_gather(x.to(device), dim=-1).cpu()
-                    report[f"{dtype} {list(shape)}"] = (x, summed, gathered)
+                    sent, received = x.to(device), torch.empty_like(x, device=device)
+                    wait = comm.send(sent, (rank + 1) % world_size)  # a ring: each rank sends, then receives
+                    comm.recv(received, (rank - 1) % world_size)
+                    wait()
+                    report[f"{dtype} {list(shape)}"] = (x, summed, gathered, received.cpu())
         finally:
             comm.close()
         # plain pickle bytes: torch's queue reduction would share memory the exiting child frees
@@ -148,8 +220,9 @@ def check_communicator(platform_class: type, world_size: int = 2, timeout_s: flo
     """Run a platform's communicator in ``world_size`` fresh processes and check its results.
 
     Each rank all-reduces and all-gathers its own random tensors (float32 and bfloat16, of
-    each of :data:`CHECK_SHAPES`); the sums must match the float32 sum of every rank's inputs
-    and the gather their concatenation in rank order.
+    each of :data:`CHECK_SHAPES`), and sends them to the next rank (round a ring); the sums
+    must match the float32 sum of every rank's inputs, the gather their concatenation in
+    rank order, and what a rank received the previous rank's input.
 
     :raises AssertionError: naming the rank, dtype, shape and op that gave a wrong result, a
         rank's exception, or the ranks that did not answer within ``timeout_s``.
@@ -188,10 +261,13 @@ def check_communicator(platform_class: type, world_size: int = 2, timeout_s: flo
         expected_gather = torch.cat(inputs, dim=-1)
         tol = 1e-5 if dtype.startswith("torch.float32") else 2e-2
         for rank in range(world_size):
-            _, summed, gathered = reports[rank][dtype]
+            _, summed, gathered, received = reports[rank][dtype]
             assert torch.allclose(summed.float(), expected_sum, rtol=tol, atol=tol), (
                 f"all_reduce on rank {rank} ({dtype}) differs from the sum of the ranks' inputs"
             )
             assert torch.equal(gathered, expected_gather), (
                 f"all_gather on rank {rank} ({dtype}) is not the ranks' inputs in rank order"
+            )
+            assert torch.equal(received, inputs[(rank - 1) % world_size]), (
+                f"recv on rank {rank} ({dtype}) is not what rank {(rank - 1) % world_size} sent"
             )

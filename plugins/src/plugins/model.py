@@ -103,6 +103,10 @@ class ModelDescription:
         query sees its last ``sliding_window`` positions), None for the whole context.
     :ivar vocab_size: ids a token may have; :attr:`embedding` holds rows ``[vocab_start,
         vocab_start + embedding.shape[0])`` of them (all of them unless tensor parallel).
+    :ivar embedding: the embedding table; None on a pipeline stage after the first (which takes
+        the previous stage's hidden states and residual, :class:`plugins.runner.ModelInputs`).
+    :ivar final_norm: the final RMSNorm's weight; None on a pipeline stage before the last (which
+        returns its hidden states and residual). A runner that runs whole models only checks both.
     :ivar comm: a tensor-parallel rank's communicator (:class:`plugins.distributed.Communicator`),
         None when the model is not split. A split model's layers hold this rank's heads and part
         of the MLP (``intermediate_size`` is this rank's part); the sums of the ranks' embedding
@@ -120,8 +124,8 @@ class ModelDescription:
     rms_norm_eps: float
     attn_scale: float
     dtype: torch.dtype
-    embedding: torch.Tensor
-    final_norm: torch.Tensor
+    embedding: torch.Tensor | None
+    final_norm: torch.Tensor | None
     cos_sin: torch.Tensor
     tie_word_embeddings: bool
     sliding_window: int | None = None

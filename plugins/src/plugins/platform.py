@@ -11,7 +11,7 @@ device does better; members are grouped below as in ``plugins/README.md``'s back
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from plugins.config import EngineConfigView
@@ -210,20 +210,24 @@ class Platform:
     #: ``"GPU"`` (CUDA, ROCm) or the vendor's key (``"TPU"``, ``"HPU"``, ``"neuron_cores"``)
     ray_device_key: ClassVar[str] = "CPU"
 
-    def make_communicator(self, rank: int, world_size: int, init_method: str):
-        """(optional) override: the collectives of one tensor-parallel rank of this platform.
+    def make_communicator(self, rank: int, world_size: int, init_method: str, ranks: Sequence[int] | None = None):
+        """(optional) override: the collectives of one rank of a split model on this platform.
 
-        Called once in each rank's process after :meth:`init_device`.
+        Called in each rank's process after :meth:`init_device`: once for tensor parallelism
+        alone; under pipeline parallelism once per group the rank is in, with ``ranks`` (the
+        ranks of its stage, to all-reduce with; the ranks of its place in every stage, to
+        send and receive hidden states), which the communicator takes as its own ``ranks``.
 
         :param rank: this process's rank, ``0 <= rank < world_size``.
         :param world_size: number of ranks one model is split over.
         :param init_method: rendezvous address shared by every rank (``tcp://host:port``).
+        :param ranks: the ranks the communicator spans (None: all ``world_size``).
         :return: a :class:`plugins.distributed.Communicator` (default: ``torch.distributed``
             over :attr:`distributed_backend`); a subclass may bring a faster all-reduce.
         """
         from plugins.distributed import Communicator
 
-        return Communicator(self.distributed_backend, rank, world_size, init_method)
+        return Communicator(self.distributed_backend, rank, world_size, init_method, ranks=ranks)
 
     # -- observability and device-specific extras (optional) -------------------------
     def metrics(self) -> dict[str, float]:

@@ -27,12 +27,18 @@ class ModelInputs:
     ``lora``: which rows run with which LoRA adapter, None when none does. The model's linears
     already hold it (core sets it for the step): a runner that replays a graph or runs its own
     forward pass without the model's linears runs a step that has one eagerly instead.
+
+    ``intermediate``: on a pipeline stage after the first, the previous stage's hidden states
+    and residual side by side, ``[T, 2 * hidden_size]`` in the compute dtype (the stage's model
+    takes them instead of embedding ``input_ids``); None on the first stage and when the model
+    is not split into stages. A stage before the last returns its own, of the same shape.
     """
 
     input_ids: torch.Tensor  # int64 [T]
     positions: torch.Tensor  # int64 [T]
     attn_metadata: AttentionMetadata
     lora: LoRAMapping | None = None
+    intermediate: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -42,8 +48,8 @@ class ModelInputs:
 def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
     """Pad a decode-only batch to ``num_seqs`` sequences of one token each.
 
-    Padding tokens have id 0, position 0 and slot -1 (never written), and no LoRA adapter;
-    padding sequences have ``seq_len`` 0 and an all-zero block table, so attention over them
+    Padding tokens have id 0, position 0 and slot -1 (never written), no LoRA adapter and zero
+    ``intermediate`` rows; padding sequences have ``seq_len`` 0 and an all-zero block table, so attention over them
     is defined (zeros) and reads nothing it should not.
     """
     meta = inputs.attn_metadata
@@ -69,7 +75,19 @@ def pad_inputs(inputs: ModelInputs, num_seqs: int) -> ModelInputs:
         query_lens_host=meta.query_lens_host + [1] * extra,
         seq_lens_host=meta.seq_lens_host + [0] * extra,
     )
-    return ModelInputs(torch.cat([inputs.input_ids, zeros]), torch.cat([inputs.positions, zeros]), padded, inputs.lora)
+    intermediate = inputs.intermediate
+    if intermediate is not None:
+        intermediate = torch.cat([intermediate, intermediate.new_zeros(extra, intermediate.shape[1])])
+    return ModelInputs(
+        torch.cat([inputs.input_ids, zeros]), torch.cat([inputs.positions, zeros]), padded, inputs.lora, intermediate
+    )
+
+
+def call_model(model: torch.nn.Module, kv_caches: list[Any], inputs: ModelInputs) -> torch.Tensor:
+    """``model(input_ids, positions, kv_caches, attn_metadata)``, with ``inputs.intermediate``
+    as a fifth argument on a pipeline stage after the first."""
+    args = (inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+    return model(*args) if inputs.intermediate is None else model(*args, inputs.intermediate)
 
 
 class Runner:
@@ -78,7 +96,9 @@ class Runner:
     A runner is stateful: :meth:`prepare` binds the engine's model and KV caches (once,
     after the KV cache is allocated) and :meth:`execute` runs each step on what is
     bound. The model is called as ``model(input_ids, positions, kv_caches,
-    attn_metadata)`` and returns hidden states ``[T, hidden_size]``. A runner that runs
+    attn_metadata)`` (:func:`call_model`: plus ``intermediate`` on a pipeline stage after the
+    first) and returns hidden states ``[T, hidden_size]`` (``[T, 2 * hidden_size]`` on a stage
+    before the last: :class:`ModelInputs`). A runner that runs
     the forward pass its own way reads the model through ``model.describe(kv_caches)``
     (a :class:`plugins.model.ModelDescription`), never through the model's classes.
     """
@@ -94,7 +114,7 @@ class Runner:
         Binds nothing. Default: eager. (optional) override when the device's peak memory
         differs under the runner's own execution.
         """
-        return model(inputs.input_ids, inputs.positions, kv_caches, inputs.attn_metadata)
+        return call_model(model, kv_caches, inputs)
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         """Bind the model and the KV caches every later :meth:`execute` runs on.
@@ -155,4 +175,4 @@ class Runner:
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The forward pass on (possibly padded) inputs. Override to replay graphs."""
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        return call_model(self.model, self.kv_caches, inputs)

@@ -36,15 +36,15 @@ STARTUP_TIMEOUT_S = 900.0
 
 
 class WorkerFailed(RuntimeError):
-    """A tensor-parallel worker died, raised or hung; ``rank`` names it."""
+    """A worker of a split model died, raised or hung; ``rank`` names it (its rank within its replica)."""
 
     def __init__(self, rank: int, reason: str) -> None:
-        super().__init__(f"tensor-parallel worker rank {rank} failed: {reason}")
+        super().__init__(f"worker rank {rank} failed: {reason}")
         self.rank = rank
 
 
 class LocalExecutor:
-    """The model in the engine's own process (``tensor_parallel_size`` 1); ``draft``: the
+    """The model in the engine's own process (not split over ranks); ``draft``: the
     speculative draft model's runner when ``draft_model`` names one, else None."""
 
     def __init__(
@@ -86,17 +86,21 @@ class LocalExecutor:
 class RemoteExecutor:
     """Workers in other processes: start them, agree on a KV cache size, run steps in lock-step.
 
-    Subclasses start the workers and implement :meth:`call_all`.
+    Under pipeline parallelism a step's batch goes to every worker as up to
+    ``pipeline_parallel_size`` micro-batches (:func:`micro_batches`), which the stages run one
+    after another, overlapping (:meth:`core.distributed.worker.Worker.execute_pipelined`).
+    Subclasses start the workers, set :attr:`config` and implement :meth:`call_all`.
     """
 
     num_workers: int
+    config: EngineConfigView
     #: no speculative draft model: it runs with one rank (:func:`core.distributed.launch.make_executor`)
     draft = None
 
     def setup(self) -> None:
         """Load on every rank, size every rank's KV cache to the smallest rank's plan."""
         descriptions = self.call_all("describe", timeout=STARTUP_TIMEOUT_S)
-        plans = self.call_all("plan_kv_cache", timeout=STARTUP_TIMEOUT_S)
+        plans = self.call_all("plan_kv_cache", timeout=STARTUP_TIMEOUT_S)  # each stage's for its own layers
         self.kv_plan = min(plans, key=lambda p: p.num_blocks)
         logger.info(
             "KV blocks per rank: %s; every rank uses %d", [p.num_blocks for p in plans], self.kv_plan.num_blocks
@@ -105,7 +109,12 @@ class RemoteExecutor:
         self.loaded = descriptions[0]
 
     def execute(self, scheduled: list[ScheduledSeq]) -> StepLogits:
-        return self.call_all("execute", make_batch(scheduled), timeout=None)[0]
+        config = self.config
+        if config.pipeline_parallel_size == 1:
+            return self.call_all("execute", make_batch(scheduled), timeout=None)[0]
+        parts = [make_batch(part) for part in micro_batches(scheduled, config.pipeline_parallel_size)]
+        # the last stage's first tensor-parallel rank returns the logits
+        return self.call_all("execute_pipelined", parts, timeout=None)[config.world_size - config.tensor_parallel_size]
 
     def add_lora(self, request: LoRARequest) -> None:
         """Load and check a LoRA adapter on every rank; ValueError (the first rank's reason) when it cannot be used."""
@@ -134,8 +143,22 @@ class RemoteExecutor:
 
 
 def worker_configs(config: EngineConfigView) -> list[EngineConfigView]:
-    """Each tensor-parallel rank's view of ``config`` (global ranks from ``config.rank``, the replica's first)."""
+    """Each rank's view of ``config`` (global ranks from ``config.rank``, the replica's first)."""
     return [
         dataclasses.replace(config, rank=config.rank + r, local_rank=config.local_rank + r)
-        for r in range(config.tensor_parallel_size)
+        for r in range(config.world_size)
     ]
+
+
+def micro_batches(scheduled: list[ScheduledSeq], n: int) -> list[list[ScheduledSeq]]:
+    """``scheduled`` in order, cut into at most ``n`` runs of sequences with about equal numbers
+    of new tokens (fewer when there are fewer sequences; none empty)."""
+    total = sum(item.num_new_tokens for item in scheduled)
+    parts: list[list[ScheduledSeq]] = [[]]
+    done = 0
+    for item in scheduled:
+        if parts[-1] and len(parts) < n and done >= total * len(parts) / n:
+            parts.append([])
+        parts[-1].append(item)
+        done += item.num_new_tokens
+    return parts

@@ -24,12 +24,13 @@ def make_executor(
     :param draft_model: a speculative draft model to load beside the model (one rank of one replica only).
     :raises ValueError: a draft model with a split or replicated model.
     """
-    if config.tensor_parallel_size == 1 and config.data_parallel_size == 1:
+    if config.world_size == 1 and config.data_parallel_size == 1:
         return LocalExecutor(platform, config, model, load_tokenizer, draft_model)
     if draft_model is not None:
         raise ValueError(
-            "speculative_config: draft_model runs with tensor_parallel_size=1 and data_parallel_size=1 "
-            f"(got {config.tensor_parallel_size} and {config.data_parallel_size})"
+            "speculative_config: draft_model runs with tensor_parallel_size=1, pipeline_parallel_size=1 and "
+            f"data_parallel_size=1 (got {config.tensor_parallel_size}, {config.pipeline_parallel_size} and "
+            f"{config.data_parallel_size})"
         )
     if config.distributed_executor_backend == "ray":
         return RayExecutor(platform, config, load_tokenizer)

@@ -1,4 +1,4 @@
-"""``--distributed-executor-backend mp``: one worker process per tensor-parallel rank on this machine.
+"""``--distributed-executor-backend mp``: one worker process per rank (tensor x pipeline parallel) on this machine.
 
 Also used for one rank when the engine is one data-parallel replica of several, so each
 replica has its own process and CPUs. A heartbeat per process tells a hung worker from a
@@ -65,12 +65,13 @@ def _worker_main(
 
 
 class MultiprocExecutor(RemoteExecutor):
-    """One worker process per tensor-parallel rank on this machine (``mp``)."""
+    """One worker process per rank of the split model on this machine (``mp``)."""
 
     def __init__(self, platform: Platform, config: EngineConfigView, load_tokenizer: bool) -> None:
         ctx = multiprocessing.get_context("spawn")
         address = free_tcp_address()
-        self.num_workers = config.tensor_parallel_size
+        self.config = config
+        self.num_workers = config.world_size
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.beats: list[Any] = []

@@ -1,11 +1,15 @@
-"""``--distributed-executor-backend ray``: one Ray actor per tensor-parallel rank.
+"""``--distributed-executor-backend ray``: one Ray actor per rank (tensor x pipeline parallel).
 
 The actors live in one placement group (a bundle per rank of one unit of the Ray resource
-the platform names, :attr:`plugins.Platform.ray_device_key`: a CPU, a GPU, a TPU, ...;
-packed), on the Ray instance ``ray.init()`` finds: an existing cluster when ``RAY_ADDRESS`` is set
-(``ray start --head`` on one machine, ``ray start --address`` on the others), else a
-local one it starts. Rank 0's node address is the communicator's rendezvous point, so
-ranks may sit on different machines.
+the platform names, :attr:`plugins.Platform.ray_device_key`: a CPU, a GPU, a TPU, ...), on
+the Ray instance ``ray.init()`` finds: the cluster at ``RAY_ADDRESS`` when it is set, else
+the one ``ray start --head`` last started on this machine (``ray start --address`` joins
+the other machines to it), else a local one it starts. The bundles are placed by
+``CORE_RAY_PLACEMENT_STRATEGY`` (Ray's strategies; ``PACK`` by default, which fills a node
+before the next: ``STRICT_SPREAD`` puts every rank on a node of its own). Rank 0's node
+address is the communicator's rendezvous point, so ranks may sit on different nodes; each
+rank's Ray node id is its node name to the communicator (``CORE_NODE_ID``), so ranks on two
+Ray nodes of one machine are told apart (no shared memory between them).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 from typing import Any
 
 from plugins import EngineConfigView, Platform
-from plugins.distributed import free_tcp_address
+from plugins.distributed import NODE_ID_ENV, free_tcp_address
 
 from core.distributed.executor import HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, RemoteExecutor, WorkerFailed, worker_configs
 from core.distributed.worker import Worker
@@ -24,6 +28,20 @@ logger = logging.getLogger(__name__)
 
 # the variables a worker's platform reads travel with the actors (CPU binding, KV space, ...)
 _ENV_PREFIXES = ("CORE_", "VLLM_")
+#: the variable that chooses how the ranks' bundles are placed over the cluster's nodes
+PLACEMENT_ENV = "CORE_RAY_PLACEMENT_STRATEGY"
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def placement_strategy() -> str:
+    """The placement group strategy :data:`PLACEMENT_ENV` names (``PACK`` when unset).
+
+    :raises ValueError: naming the variable, for a strategy Ray does not have.
+    """
+    strategy = os.environ.get(PLACEMENT_ENV, "PACK")
+    if strategy not in PLACEMENT_STRATEGIES:
+        raise ValueError(f"{PLACEMENT_ENV}={strategy!r}: expected one of {', '.join(PLACEMENT_STRATEGIES)}")
+    return strategy
 
 
 def rank_resources(key: str) -> dict[str, Any]:
@@ -43,7 +61,10 @@ class RankActor:
     """The body of one rank's actor: a :class:`Worker` built once the rendezvous address is known."""
 
     def __init__(self, platform_class: type, config: EngineConfigView, load_tokenizer: bool) -> None:
+        import ray
+
         logging.basicConfig(level=logging.INFO, format=f"(rank {config.rank}) %(levelname)s %(name)s: %(message)s")
+        os.environ[NODE_ID_ENV] = ray.get_runtime_context().get_node_id()
         self.platform_class = platform_class
         self.config = config
         self.load_tokenizer = load_tokenizer
@@ -83,23 +104,27 @@ class RayExecutor(RemoteExecutor):
             ) from None
         self._ray = ray
         self._remove_placement_group = remove_placement_group
-        self.num_workers = config.tensor_parallel_size
+        self.config = config
+        self.num_workers = config.world_size
         #: whether this executor started Ray (then it stops it too: Ray's own exit hook does not run
         #: when the server dies of its re-raised SIGTERM, and its agents would outlive it)
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             ray.init(log_to_driver=True, include_dashboard=False)
-        key = platform.ray_device_key
-        self.group = placement_group([{key: 1}] * self.num_workers, strategy="PACK")
+        key, strategy = platform.ray_device_key, placement_strategy()
+        self.group = placement_group([{key: 1}] * self.num_workers, strategy=strategy)
         self.actors: list[Any] = []
         try:
             ray.get(self.group.ready(), timeout=60)
         except ray.exceptions.GetTimeoutError:
             self.shutdown()
+            per_node = [n["Resources"].get(key, 0) for n in ray.nodes() if n["Alive"]]
             raise ValueError(
-                f"Ray could not place {self.num_workers} workers of one {key} each within 60 s: "
-                f"the cluster has {ray.cluster_resources().get(key, 0)} {key}"
+                f"Ray could not place {self.num_workers} workers of one {key} each ({strategy}) within 60 s: "
+                f"the cluster's nodes have {per_node} {key}"
             ) from None
+        nodes = ray.util.placement_group_table(self.group)["bundles_to_node_id"]
+        logger.info("ranks placed (%s) on Ray nodes %s", strategy, [nodes[r] for r in range(self.num_workers)])
         env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
         actor_class = ray.remote(**rank_resources(key))(RankActor)
         for r, worker_config in enumerate(worker_configs(config)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,12 +172,14 @@ def gguf_weights(
     device: torch.device,
     plan: ShardPlan | None = None,
     byte_order: str = "little",
+    held: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
     """Yield ``(HF name, weight)``: dense tensors in ``dtype``, or :class:`GGUFWeight` when ``keep_gguf``,
     their numbers in the platform's ``byte_order`` (:attr:`plugins.Platform.byte_order`).
 
     Llama q/k rows are put back in Hugging Face order, so the model's rotate-half rope applies.
-    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read.
+    With a tensor-parallel ``plan`` only this rank's slice of each tensor is read; with
+    ``held``, only the tensors it is true of (by Hugging Face name: a pipeline stage's).
     Gemma norms are stored as llama.cpp applies them, ``1 + w``: ``w`` is given back, as
     Hugging Face checkpoints hold it.
     """
@@ -187,10 +189,13 @@ def gguf_weights(
         hf_name = _hf_name(name, arch)
         if hf_name is None:
             raise ValueError(f"unexpected tensor {name!r} in GGUF file {index.path}")
+        if held is not None and not held(hf_name):
+            continue
         keep = keep_gguf and _keep_quantized(index, name)
         yield hf_name, _read(index, name, hf_name, keep, arch, dtype, device, plan, heads, byte_order)
         info = index.tensors[name]
-        if name == "token_embd.weight" and keep_gguf and config.tie_word_embeddings and info.is_quantized:
+        tied_head = keep_gguf and config.tie_word_embeddings and (held is None or held("lm_head.weight"))
+        if name == "token_embd.weight" and tied_head and info.is_quantized:
             # the tied output projection is the largest matmul: keep it in its quantized form
             yield (
                 "lm_head.weight",

@@ -43,12 +43,14 @@ def hf_weights(
     device: torch.device,
     plan: ShardPlan | None = None,
     keep_stored: Callable[[str, torch.dtype], bool] | None = None,
+    held: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, in ``dtype`` on ``device``.
 
     With a tensor-parallel ``plan`` only this rank's slice of each tensor is read. Tensors
     for which ``keep_stored(name, stored dtype)`` is true (quantized linears' parts) come
-    as stored, on the CPU.
+    as stored, on the CPU. With ``held``, only the tensors it is true of are read (a
+    pipeline stage's).
     """
     with tqdm(desc="Loading weights", unit="tensor", total=None) as bar:
         for file in files:
@@ -57,6 +59,8 @@ def hf_weights(
                     bar.total = (bar.total or 0) + len(f.keys())
                     for name in f.keys():
                         bar.update()
+                        if held is not None and not held(name):
+                            continue
                         part = plan.slice_for(name) if plan is not None else None
                         tensor = slice_dense(f.get_slice(name), part)
                         yield name, tensor if _stored(keep_stored, name, tensor) else tensor.to(device, dtype)
@@ -65,6 +69,8 @@ def hf_weights(
                 bar.total = (bar.total or 0) + len(state)
                 for name, tensor in state.items():
                     bar.update()
+                    if held is not None and not held(name):
+                        continue
                     part = plan.slice_for(name) if plan is not None else None
                     tensor = slice_dense(tensor, part)
                     yield name, tensor if _stored(keep_stored, name, tensor) else tensor.to(device, dtype)

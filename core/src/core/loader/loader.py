@@ -19,6 +19,7 @@ from core.loader.hf_dir import hf_config, hf_generation_config, hf_tokenizer, hf
 from core.loader.quantized import checkpoint_quantization, gather_quantized, is_quantized_part
 from core.loader.source import DEFAULT_MODEL_NAME, resolve_model
 from core.models import build_model, get_model_class
+from core.partition.pipeline import PipelineStage
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def load_model(
     skip_tokenizer_init: bool = False,
     comm: Any | None = None,
     byte_order: str = "little",
+    stage: PipelineStage | None = None,
 ) -> LoadedModel:
     """Load a model: a :class:`ModelSource` from :func:`open_model`, or what it takes.
 
@@ -100,6 +102,7 @@ def load_model(
         (must match the checkpoint's).
     :param skip_tokenizer_init: load no tokenizer (prompts come as token ids).
     :param comm: a tensor-parallel rank's communicator: load only this rank's shard.
+    :param stage: a pipeline stage: load (and read) only its layers (``num_layers`` is then its count).
     :param byte_order: the platform's (:attr:`plugins.Platform.byte_order`): GGUF tensors are
         converted to it; safetensors' reader converts to the host's order itself.
     :raises ValueError: for an unknown source, architecture or an inconsistent checkpoint;
@@ -109,9 +112,9 @@ def load_model(
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = torch.device(device)
     if source.gguf is not None:
-        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm, byte_order)
+        loaded = _load_gguf(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm, byte_order, stage)
     else:
-        loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm)
+        loaded = _load_hf_dir(source, kernels, dtype, device, quantization, skip_tokenizer_init, comm, stage)
     loaded.load_seconds = time.perf_counter() - start
     logger.info(
         "loaded %s (%s, %.1f MB of weights) in %.2f s",
@@ -131,6 +134,7 @@ def _load_hf_dir(
     quantization: str | None,
     skip_tokenizer: bool,
     comm: Any | None,
+    stage: PipelineStage | None,
 ) -> LoadedModel:
     path, config = source.path, source.hf_config
     if quantization == "gguf":
@@ -142,14 +146,15 @@ def _load_hf_dir(
             f"{', '.join(sorted(kernels.supported_quantizations)) or 'full precision only'}"
         )
     tokenizer = None if skip_tokenizer else hf_tokenizer(path)
-    model = build_model(config, kernels, dtype, device, comm)
+    model = build_model(config, kernels, dtype, device, comm, stage)
+    held = None if stage is None else model.holds_weight
     if scheme is None:
-        weights = hf_weights(weight_files(path), dtype, device, model.tp.plan)
+        weights = hf_weights(weight_files(path), dtype, device, model.tp.plan, held=held)
     else:
         if model.tp.plan.is_sharded:
             raise UnsupportedFeature(f"{scheme.describe()} checkpoints cannot be split over tensor-parallel ranks yet")
         logger.info("%s: %s linears kept as stored", path.name, scheme.describe())
-        stored = hf_weights(weight_files(path), dtype, device, model.tp.plan, is_quantized_part)
+        stored = hf_weights(weight_files(path), dtype, device, model.tp.plan, is_quantized_part, held)
         weights, quantization = gather_quantized(stored, scheme, device), scheme.method
     with torch.no_grad():
         model.load_weights(weights, quantization)
@@ -165,6 +170,7 @@ def _load_gguf(
     skip_tokenizer: bool,
     comm: Any | None,
     byte_order: str,
+    stage: PipelineStage | None,
 ) -> LoadedModel:
     path, config, index = source.path, source.hf_config, source.gguf
     keep_gguf = quantization == "gguf" or (quantization is None and "gguf" in kernels.supported_quantizations)
@@ -175,8 +181,9 @@ def _load_gguf(
             dtype,
         )
     tokenizer = None if skip_tokenizer else gguf_tokenizer(path, index.metadata.get("tokenizer.chat_template"))
-    model = build_model(config, kernels, dtype, device, comm)
-    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan, byte_order)
+    model = build_model(config, kernels, dtype, device, comm, stage)
+    held = None if stage is None else model.holds_weight
+    weights = gguf_weights(index, config, keep_gguf, dtype, device, model.tp.plan, byte_order, held)
     with torch.no_grad():
         model.load_weights(weights, "gguf" if keep_gguf else quantization)
     generation = {

@@ -26,6 +26,7 @@ from torch import nn
 from core.models.layers import Attention, GatedMLP, RMSNorm
 from core.models.llama import LlamaForCausalLM
 from core.models.rope import build_cos_sin_cache
+from core.partition.pipeline import PipelineStage
 
 _LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -97,12 +98,20 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     end_of_turn_tokens = ("<end_of_turn>",)
 
     def __init__(
-        self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+        self,
+        config: Any,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: torch.device,
+        comm: Any | None = None,
+        stage: PipelineStage | None = None,
     ) -> None:
-        """:raises ValueError: for a config this decoder cannot run, or a tensor-parallel
-        communicator ``comm`` (Gemma 3's layers are not split over ranks)."""
+        """:raises ValueError: for a config this decoder cannot run, a tensor-parallel
+        communicator ``comm`` or a pipeline ``stage`` (Gemma 3's layers are not split over ranks)."""
         if comm is not None:
             raise ValueError("Gemma 3 does not support tensor parallelism yet: use tensor_parallel_size=1")
+        if stage is not None:
+            raise ValueError("Gemma 3 does not support pipeline parallelism yet: use pipeline_parallel_size=1")
         layer_types = list(getattr(config, "layer_types", None) or [])
         unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
         if len(layer_types) != config.num_hidden_layers or unknown:

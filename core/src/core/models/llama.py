@@ -21,6 +21,7 @@ from torch import nn
 from core.models.layers import Attention, GatedMLP, Linear, RMSNorm, concat_rows, held_bytes
 from core.models.moe import SparseMoE
 from core.models.rope import build_cos_sin_cache
+from core.partition.pipeline import PipelineStage
 from core.partition.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,11 @@ class LlamaForCausalLM(nn.Module):
     Call ``model(input_ids, positions, kv_caches, attn_metadata)`` for the final hidden
     states of a flattened batch, then :meth:`compute_logits` on the rows to sample.
     With a communicator ``comm`` the model is this rank's tensor-parallel shard
-    (:mod:`core.partition.sharding`); its KV caches hold its own KV heads.
+    (:mod:`core.partition.sharding`); its KV caches hold its own KV heads. With a pipeline
+    ``stage`` it holds that stage's layers only (``num_layers`` of them, one KV cache each), the
+    embedding on the first stage, the final norm and LM head on the last
+    (:mod:`core.partition.pipeline`): a stage after the first takes the previous stage's hidden
+    states and residual (``intermediate``), and a stage before the last returns its own.
     """
 
     #: the chat template of a checkpoint that brings none (a GGUF file without
@@ -135,22 +140,34 @@ class LlamaForCausalLM(nn.Module):
         return [None] * config.num_hidden_layers
 
     def __init__(
-        self, config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+        self,
+        config: Any,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: torch.device,
+        comm: Any | None = None,
+        stage: PipelineStage | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.kernels = kernels
         self.dtype = dtype
         self.device = torch.device(device)
-        self.num_layers = config.num_hidden_layers
+        self.stage = stage or PipelineStage.whole(config.num_hidden_layers)
+        self.num_layers = self.stage.stop - self.stage.start
         self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.tp = TensorParallel.build(config, self.head_size, comm)
         self.num_kv_heads = self.tp.plan.num_kv_heads
         qkv_bias, o_bias = self.attention_biases(config)
-        self.layers = nn.ModuleList(self.make_layer(i, qkv_bias, o_bias) for i in range(self.num_layers))
-        self.norm = RMSNorm(kernels, config.rms_norm_eps)
-        vocab_part = self.tp.plan.vocab_stop - self.tp.plan.vocab_start
-        self.lm_head = Linear(kernels, config.hidden_size, vocab_part, has_bias=False)
+        self.layers = nn.ModuleList(
+            self.make_layer(i, qkv_bias, o_bias) for i in range(self.stage.start, self.stage.stop)
+        )
+        self.norm: RMSNorm | None = None
+        self.lm_head: Linear | None = None
+        if self.stage.is_last:
+            self.norm = RMSNorm(kernels, config.rms_norm_eps)
+            vocab_part = self.tp.plan.vocab_stop - self.tp.plan.vocab_start
+            self.lm_head = Linear(kernels, config.hidden_size, vocab_part, has_bias=False)
         self.embed_tokens: torch.Tensor | None = None
         self.cos_sin_cache = self.rope_table()
 
@@ -184,26 +201,44 @@ class LlamaForCausalLM(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
 
+    def holds_weight(self, name: str) -> bool:
+        """Whether this model (its pipeline stage) loads the weight with Hugging Face name ``name``
+        (the loaders read no other: a stage reads its own layers only)."""
+        return self.stage.holds(self.hf_name(name), bool(getattr(self.config, "tie_word_embeddings", False)))
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, ...]],
         attn_metadata: AttentionMetadata,
+        intermediate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens."""
-        hidden = self.tp.embed(input_ids, self.embed_tokens)
-        residual = None
+        """Final (normed) hidden states ``[T, hidden_size]`` of the batch's new tokens; on a
+        pipeline stage before the last, its hidden states and residual ``[T, 2 * hidden_size]``.
+
+        :param intermediate: a stage after the first: the previous stage's ``[T, 2 * hidden_size]``.
+        """
+        if self.stage.is_first:
+            hidden, residual = self.tp.embed(input_ids, self.embed_tokens), None
+        else:
+            hidden, residual = (part.contiguous() for part in intermediate.split(self.config.hidden_size, dim=-1))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata, self.cos_sin_cache)
+        if not self.stage.is_last:
+            return torch.cat([hidden, residual], dim=-1)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
     def describe(self, kv_caches: list[tuple[torch.Tensor, ...]]) -> ModelDescription:
-        """This model and its KV caches as the SDK's explicit description (for native runners)."""
+        """This model (its pipeline stage's layers) and its KV caches as the SDK's explicit
+        description (for native runners)."""
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"describe() needs one (k, v) cache per layer: got {len(kv_caches)} for {self.num_layers}")
         config, attn0 = self.config, self.layers[0].self_attn
+        # a split model's whole vocabulary; an unsplit one's the rows it holds (a padded table's too)
+        split = self.tp.is_sharded or not self.stage.is_first
+        vocab_size = self.tp.plan.vocab_size if split else self.embed_tokens.shape[0]
         layers = tuple(
             LayerDescription(
                 input_norm=layer.input_layernorm.weight,
@@ -226,13 +261,12 @@ class LlamaForCausalLM(nn.Module):
             num_kv_heads=attn0.num_kv_heads,
             head_dim=self.head_size,
             intermediate_size=self.tp.plan.intermediate_size,
-            # a split model's whole vocabulary; an unsplit one's the rows it holds (a padded table's too)
-            vocab_size=self.tp.plan.vocab_size if self.tp.is_sharded else self.embed_tokens.shape[0],
-            rms_norm_eps=self.norm.eps,
+            vocab_size=vocab_size,
+            rms_norm_eps=config.rms_norm_eps,
             attn_scale=attn0.scale,
             dtype=self.dtype,
-            embedding=self.embed_tokens,
-            final_norm=self.norm.weight,
+            embedding=self.embed_tokens if self.stage.is_first else None,
+            final_norm=self.norm.weight if self.stage.is_last else None,
             cos_sin=self.cos_sin_cache,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             sliding_window=self.layer_windows(config)[0],  # the Llama family's layers share one
@@ -274,6 +308,8 @@ class LlamaForCausalLM(nn.Module):
             name = self.hf_name(name)
             if _IGNORED.match(name):
                 continue
+            if not _LAYER_NAME.fullmatch(name) and not self.holds_weight(name):
+                continue  # another pipeline stage's (embedding, final norm, LM head)
             if name == "model.embed_tokens.weight":
                 self.embed_tokens = tensor
             elif name == "model.norm.weight":
@@ -286,9 +322,11 @@ class LlamaForCausalLM(nn.Module):
                 )
             elif match := _LAYER_NAME.fullmatch(name):
                 index, module, kind = int(match[1]), match[2], match[3]
-                if index >= self.num_layers:
-                    raise ValueError(f"weight {name!r} is for layer {index}, the model has {self.num_layers}")
-                prefix = f"layers.{index}."
+                if index >= self.stage.num_layers:
+                    raise ValueError(f"weight {name!r} is for layer {index}, the model has {self.stage.num_layers}")
+                if not self.holds_weight(name):
+                    continue  # another pipeline stage's layer
+                prefix = f"layers.{index - self.stage.start}."
                 if module.startswith("mlp.experts."):
                     mlp = self.layers[index].mlp
                     if not isinstance(mlp, SparseMoE) or kind != "weight":
@@ -316,7 +354,7 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(name)
         if pending:
             raise ValueError(f"incomplete fused weights (missing parts): {sorted(k for k, _ in pending)}")
-        if "lm_head" not in linears:
+        if "lm_head" not in linears and self.stage.is_last:
             if not getattr(self.config, "tie_word_embeddings", False):
                 raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
             linears["lm_head"] = self.embed_tokens
@@ -332,7 +370,7 @@ class LlamaForCausalLM(nn.Module):
     def _check_complete(self) -> None:
         missing = [n for n, m in self.named_modules() if isinstance(m, (Linear, RMSNorm)) and m.weight is None]
         missing += [f"{n}.experts" for n, m in self.named_modules() if isinstance(m, SparseMoE) and m.experts is None]
-        if self.embed_tokens is None:
+        if self.embed_tokens is None and self.stage.is_first:
             missing.insert(0, "embed_tokens")
         if missing:
             raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")

@@ -16,6 +16,7 @@ from core.models.mixtral import MixtralForCausalLM
 from core.models.phi3 import Phi3ForCausalLM
 from core.models.qwen2 import Qwen2ForCausalLM
 from core.models.qwen3 import Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from core.partition.pipeline import PipelineStage
 
 MODEL_REGISTRY: MappingProxyType[str, type[LlamaForCausalLM | BertModel]] = MappingProxyType(
     {
@@ -47,12 +48,23 @@ def get_model_class(architectures: list[str] | None) -> type[LlamaForCausalLM | 
 
 
 def build_model(
-    config: Any, kernels: Kernels, dtype: torch.dtype, device: torch.device, comm: Any | None = None
+    config: Any,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: torch.device,
+    comm: Any | None = None,
+    stage: PipelineStage | None = None,
 ) -> LlamaForCausalLM | BertModel:
     """An empty (weightless) model for ``config``; fill it with ``model.load_weights(...)``.
 
-    With a communicator ``comm``, the model is that rank's tensor-parallel shard.
+    With a communicator ``comm``, the model is that rank's tensor-parallel shard; with a
+    pipeline ``stage``, that stage's layers (decoders only).
     """
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"unsupported model dtype {dtype}; supported: float32, bfloat16, float16")
-    return get_model_class(getattr(config, "architectures", None))(config, kernels, dtype, device, comm)
+    model_class = get_model_class(getattr(config, "architectures", None))
+    if stage is None:
+        return model_class(config, kernels, dtype, device, comm)
+    if not issubclass(model_class, LlamaForCausalLM):
+        raise ValueError(f"{model_class.__name__} cannot be split into pipeline stages")
+    return model_class(config, kernels, dtype, device, comm, stage)

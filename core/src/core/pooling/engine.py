@@ -52,8 +52,10 @@ class PoolingEngine:
     def __init__(self, config: EngineConfig, skip_tokenizer_init: bool = False, data_parallel_rank: int = 0) -> None:
         started = time.perf_counter()
         resolved = resolve_engine(config)
-        if resolved.config.tensor_parallel_size != 1:
-            raise ValueError("the pooling runner runs a model on one rank: tensor_parallel_size must be 1")
+        if resolved.config.world_size != 1:
+            raise ValueError(
+                "the pooling runner runs a model on one rank: tensor_parallel_size and pipeline_parallel_size must be 1"
+            )
         self.platform = resolved.platform
         view = dataclasses.replace(resolved.config, rank=data_parallel_rank, local_rank=data_parallel_rank)
         self.worker = Worker(self.platform, view, resolved.model, load_tokenizer=not skip_tokenizer_init)

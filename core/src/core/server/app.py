@@ -237,12 +237,13 @@ def run_server(config: EngineConfig, args: argparse.Namespace) -> int:
     else:
         num_tokens = llm.kv_plan.num_blocks * llm.config.block_size
         logger.info(
-            "serving %s on %s (dtype %s, max_model_len %d, tensor parallel %d, data parallel %d); KV cache (%s) per replica: %d blocks = %d tokens, max concurrency at max length %.1fx",
+            "serving %s on %s (dtype %s, max_model_len %d, tensor parallel %d, pipeline parallel %d, data parallel %d); KV cache (%s) per replica: %d blocks = %d tokens, max concurrency at max length %.1fx",
             model_name,
             llm.platform.name,
             llm.config.dtype,
             llm.config.max_model_len,
             llm.config.tensor_parallel_size,
+            llm.config.pipeline_parallel_size,
             llm.config.data_parallel_size,
             llm.config.kv_cache_dtype,
             llm.kv_plan.num_blocks,

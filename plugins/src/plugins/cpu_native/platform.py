@@ -9,6 +9,7 @@ its library and variants (:attr:`isa_table`) and says whether the host CPU fits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from plugins.cpu import CPU_ENV_VARS, CpuPlatform
@@ -114,12 +115,12 @@ class NativeCpuPlatform(CpuPlatform, abstract=True):
         """``"kernel_isa"``: the ISA variant the kernels run (``"avx512"``, ``"neon"``, ...)."""
         return self.kernels.isa if name == "kernel_isa" else None
 
-    def make_communicator(self, rank: int, world_size: int, init_method: str):
+    def make_communicator(self, rank: int, world_size: int, init_method: str, ranks: Sequence[int] | None = None):
         """Ranks on this host share a buffer (:class:`plugins.cpu_native.shm.SharedMemoryCommunicator`),
         whose all-reduce the fused decoder calls in its layer loop; ranks on several hosts use gloo."""
         from plugins.cpu_native.shm import SharedMemoryCommunicator
 
-        return SharedMemoryCommunicator(self.kernels.lib, rank, world_size, init_method)
+        return SharedMemoryCommunicator(self.kernels.lib, rank, world_size, init_method, ranks=ranks)
 
     def make_runner(self):
         from plugins.cpu_native.runner import NativeCpuRunner

@@ -161,6 +161,7 @@ class FusedDecoder:
     def __init__(self, desc: ModelDescription, kernels: Any) -> None:
         layers, dtype = desc.layers, desc.dtype
         _need(len(layers) > 0, "no layers")
+        _need(desc.embedding is not None and desc.final_norm is not None, "a pipeline stage (not the whole model)")
         _need(dtype in NATIVE_DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
         heads, kv_heads, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
         _need(heads % kv_heads == 0 and heads // kv_heads <= kernels.lib.max_group, "query heads per KV head")

@@ -14,16 +14,15 @@ import ctypes
 import logging
 import mmap
 import os
-import socket
 import tempfile
+from collections.abc import Sequence
 from ctypes import c_double, c_int, c_long, c_void_p
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32
-from plugins.distributed import Communicator
+from plugins.distributed import Communicator, host_id
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +31,6 @@ SLOT_BYTES = 1 << 20
 #: where the shared buffer's file is made (a tmpfs on Linux)
 SHM_DIR = "/dev/shm"
 _CODES = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
-
-
-def host_id() -> tuple[str, str]:
-    """What names this host to the other ranks: its host name and its kernel's boot id."""
-    boot = Path("/proc/sys/kernel/random/boot_id")
-    return socket.gethostname(), boot.read_text().strip() if boot.exists() else ""
 
 
 class SharedMemoryCommunicator(Communicator):
@@ -54,6 +47,8 @@ class SharedMemoryCommunicator(Communicator):
     :param init_method: rendezvous address every rank uses (``tcp://host:port``).
     :param slot_bytes: each rank's slot (a multiple of 64); larger tensors go in pieces.
     :param timeout_s: how long a collective waits for the other ranks before it raises.
+    :param ranks: the ranks it spans (:class:`plugins.distributed.Communicator`); send and recv
+        go through gloo.
     """
 
     def __init__(
@@ -64,10 +59,11 @@ class SharedMemoryCommunicator(Communicator):
         init_method: str,
         slot_bytes: int = SLOT_BYTES,
         timeout_s: float = 600.0,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         if slot_bytes <= 0 or slot_bytes % 64:
             raise ValueError(f"slot_bytes must be a positive multiple of 64, got {slot_bytes}")
-        super().__init__("gloo", rank, world_size, init_method, timeout_s)
+        super().__init__("gloo", rank, world_size, init_method, timeout_s, ranks)
         self.timeout_s = timeout_s
         self._ctx: int | None = None
         self._mmap: mmap.mmap | None = None
@@ -83,23 +79,25 @@ class SharedMemoryCommunicator(Communicator):
             fn = getattr(cdll, name)
             fn.restype, fn.argtypes = restype, argtypes
         self._lib = cdll
-        hosts: list[Any] = [None] * world_size
-        dist.all_gather_object(hosts, host_id())
+        hosts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(hosts, host_id(), group=self.group)
         if len(set(hosts)) > 1:
             logger.info(
-                "rank %d: the %d ranks are on %d hosts: collectives over gloo", rank, world_size, len(set(hosts))
+                "rank %d: the %d ranks are on %d hosts: collectives over gloo", rank, self.world_size, len(set(hosts))
             )
             return
-        error = self._map(cdll.ck_shm_size(world_size, slot_bytes), slot_bytes)
-        errors: list[Any] = [None] * world_size
-        dist.all_gather_object(errors, error)
+        error = self._map(cdll.ck_shm_size(self.world_size, slot_bytes), slot_bytes)
+        errors: list[Any] = [None] * self.world_size
+        dist.all_gather_object(errors, error, group=self.group)
         if any(errors):  # every rank must take the same path
             logger.warning(
                 "rank %d: no shared buffer (%s): collectives over gloo", rank, "; ".join(filter(None, errors))
             )
             self._unmap()
             return
-        logger.info("rank %d/%d: collectives through a %d KiB shared buffer", rank, world_size, len(self._mmap) >> 10)
+        logger.info(
+            "rank %d/%d: collectives through a %d KiB shared buffer", rank, self.world_size, len(self._mmap) >> 10
+        )
 
     def _map(self, size: int, slot_bytes: int) -> str | None:
         """Rank 0 makes the buffer's file, every rank maps it, then it is unlinked (no file
@@ -112,7 +110,7 @@ class SharedMemoryCommunicator(Communicator):
                 os.close(fd)
             except OSError as exc:
                 logger.warning("rank 0: cannot make a shared buffer in %s: %s", SHM_DIR, exc)
-        dist.broadcast_object_list(names, src=0)
+        dist.broadcast_object_list(names, group=self.group, group_src=0)
         if names[0] is None:
             return f"rank 0 could not make a file in {SHM_DIR}"
         try:
@@ -121,7 +119,7 @@ class SharedMemoryCommunicator(Communicator):
         except OSError as exc:
             return f"rank {self.rank}: {exc}"
         finally:
-            dist.barrier()  # every rank has mapped it, or failed to
+            dist.barrier(group=self.group)  # every rank has mapped it, or failed to
             if self.rank == 0:
                 os.unlink(names[0])
         self._anchor = ctypes.c_char.from_buffer(self._mmap)
