@@ -88,3 +88,10 @@ def test_core_devices_lists_it_available():
     cpu_x86 = next((row for row in out.stdout.splitlines() if row.startswith("cpu_x86 ")), "")
     if "available" in cpu_x86 and "unavailable" not in cpu_x86:
         assert OpenVinoPlatform.priority < int(cpu_x86.split()[3])
+
+
+def test_dynamic_quantization_is_off_unless_asked(monkeypatch):
+    assert OpenVinoPlatform().compile_properties(torch.float32, "f32")["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+    monkeypatch.setenv("CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE", "32")
+    properties = OpenVinoPlatform().compile_properties(torch.bfloat16, "u8")
+    assert properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 32 and properties["KEY_CACHE_QUANT_MODE"] == "BY_CHANNEL"

@@ -50,6 +50,13 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
         choices=tuple(_KV_PRECISIONS),
     ),
     EnvVar(
+        "OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE",
+        non_negative(int),
+        0,
+        "OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: compressed-weight products take int8 activations "
+        "quantized in groups of this many (openvino-genai's CPU default is 32); 0: float activations",
+    ),
+    EnvVar(
         "OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
         bool,
         True,
@@ -142,14 +149,15 @@ class OpenVinoPlatform(CpuPlatform):
         """OpenVINO's compile properties for compute dtype ``dtype`` and KV cache element type
         ``kv_type`` (``"f32"``, ``"bf16"``, ``"f16"``, ``"u8"``: OpenVINO would pick u8 when not
         told): the compute precision (no implicit bf16 on CPUs that have it), keys of a u8 cache
-        quantized per channel (the layout :meth:`kv_cache_layout` declares), no dynamic int8
-        quantization of activations, one stream on the bound threads."""
+        quantized per channel (the layout :meth:`kv_cache_layout` declares), dynamic int8
+        quantization of activations only when ``OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE`` asks,
+        one stream on the bound threads."""
         name = str(dtype).removeprefix("torch.")
         return {
             "INFERENCE_PRECISION_HINT": _INFERENCE_PRECISIONS.get(name, "f32"),
             "KV_CACHE_PRECISION": kv_type,
             **({"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"} if kv_type == "u8" else {}),
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.env["OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE"],
             "NUM_STREAMS": 1,
             "INFERENCE_NUM_THREADS": self.num_threads,
         }

@@ -1,0 +1,180 @@
+"""plugin_openvino vs cpu_x86 vs openvino-genai's own pipeline on the default model (issue 42).
+
+    .venv/bin/python bench/openvino_vs_genai.py [--rounds 3] [--threads 2]
+
+Each round runs every configuration once, in a rotated order, each in a fresh process on the same
+threads: batch-1 decode (``--n-gen`` tokens after a ``--decode-prompt-len`` prompt), ``--num-seqs``
+x (``--prompt-len`` + ``--n-gen``) offline throughput, and one ``--prefill-len`` prompt's prefill,
+on the same random token ids, prefix caching off, a 1 GiB KV cache. The configurations:
+``openvino`` (``--device openvino``, float32, its defaults), ``openvino-bf16-u8`` (bfloat16 compute
+and OpenVINO's u8 KV blocks, the precisions openvino-genai picks on a CPU with AVX512_BF16),
+``openvino-genai-settings`` (those, and int8 activations in groups of 32 into the compressed-weight
+products: openvino-genai's CPU defaults),
+``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
+default GGUF itself, installed (the version matching the installed openvino) in its own venv under
+the bench cache (``~/.cache/core-bench/openvino-genai``, made on first use). Prints a table of
+medians and the per-round ratios; ``--json`` saves every round. Not for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llamacpp import cache_dir  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+#: configuration -> (core's device, dtype, extra environment); openvino-genai runs in its own venv
+CORE_CONFIGS = {
+    "openvino": ("openvino", "float32", {}),
+    "openvino-bf16-u8": ("openvino", "bfloat16", {"CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8"}),
+    "openvino-genai-settings": (
+        "openvino",
+        "bfloat16",
+        {"CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8", "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"},
+    ),
+    "cpu_x86": ("cpu_x86", "float32", {}),
+}
+CONFIGS = (*CORE_CONFIGS, "openvino-genai")
+METRICS = ("decode_tok_s", "output_tok_s", "prefill_tok_s")
+
+
+def ensure_genai() -> Path:
+    """openvino-genai (and openvino-tokenizers) of the installed openvino's version in their own venv; its python."""
+    root = cache_dir() / "openvino-genai"
+    ov_version = version("openvino")
+    python = root / "venv" / "bin" / "python"
+    probe = f"import openvino_genai, openvino; assert openvino.__version__.startswith('{ov_version}')"
+    if python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0:
+        return python
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"installing openvino-genai {ov_version} into {root / 'venv'}", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"openvino=={ov_version}",
+                    f"openvino-genai=={ov_version}.0", f"openvino-tokenizers=={ov_version}.0"], check=True)  # fmt: skip
+    return python
+
+
+def workload(args: argparse.Namespace) -> dict:
+    """The token ids every configuration runs (random, no special tokens: SmolLM2's are below 256)."""
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+
+    def draw(n: int, length: int) -> list[list[int]]:
+        return rng.integers(256, 49152, (n, length)).tolist()
+
+    return {"prompt": draw(1, args.decode_prompt_len)[0], "prompts": draw(args.num_seqs, args.prompt_len),
+            "prefill_prompt": draw(1, args.prefill_len)[0], "n_gen": args.n_gen, "threads": args.threads,
+            "kv_cache_gib": 1}  # fmt: skip
+
+
+def core_part(spec: dict, config: str) -> dict:
+    """``core.LLM`` of ``config`` (prefix caching off): the three figures."""
+    import engine_part
+
+    from core import LLM, SamplingParams
+
+    device, dtype, _ = CORE_CONFIGS[config]
+    start = time.perf_counter()
+    llm = LLM(device=device, dtype=dtype, enable_prefix_caching=False, max_num_batched_tokens=2048,
+              kv_cache_bytes=spec["kv_cache_gib"] << 30)  # fmt: skip
+    out = {"load_s": time.perf_counter() - start, "platform": llm.engine.platform.name}
+    out["decode_tok_s"] = engine_part.decode_tok_s(llm, spec["prompt"], spec["n_gen"])
+    params = SamplingParams(temperature=0.0, max_tokens=spec["n_gen"], ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate(prompt_token_ids=spec["prompts"], sampling_params=params, use_tqdm=False)
+    out["output_tok_s"] = len(spec["prompts"]) * spec["n_gen"] / (time.perf_counter() - start)
+    out["prefill_tok_s"] = engine_part.prefill_tok_s(llm, spec["prefill_prompt"])
+    llm.shutdown()
+    return out
+
+
+def run_config(config: str, spec_path: str, threads: int, genai_python: Path | None, model: str) -> dict:
+    """One configuration in a fresh process on CPUs ``0..threads-1``; its RESULT."""
+    pin = ["taskset", "-c", f"0-{threads - 1}"]
+    if config == "openvino-genai":
+        cmd = [*pin, str(genai_python), str(HERE / "openvino_genai_worker.py"), spec_path, model]
+        env = os.environ
+    else:
+        cmd = [*pin, sys.executable, str(Path(__file__).resolve()), "--part", config, "--spec", spec_path]
+        env = os.environ | CORE_CONFIGS[config][2]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{config} failed (exit code {proc.returncode}); its stderr is above")
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def report(rounds: list[dict]) -> str:
+    """A markdown table: each configuration's median figures, then the median per-round ratio of
+    each plugin_openvino configuration to openvino-genai and to cpu_x86."""
+    lines = [
+        "| configuration | batch-1 decode tok/s | 32x(128+128) output tok/s | prefill tok/s |",
+        "|---|---|---|---|",
+    ]
+    for config in CONFIGS:
+        cells = [f"{statistics.median(r[config][m] for r in rounds):.1f}" for m in METRICS]
+        lines.append(f"| {config} | {' | '.join(cells)} |")
+    for ours in [c for c in CORE_CONFIGS if c.startswith("openvino")]:
+        for other in ("openvino-genai", "cpu_x86"):
+            cells = [f"{statistics.median(r[ours][m] / r[other][m] for r in rounds):.2f}x" for m in METRICS]
+            lines.append(f"| {ours} / {other} (median of per-round ratios) | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--n-gen", type=int, default=128)
+    p.add_argument("--decode-prompt-len", type=int, default=16)
+    p.add_argument("--num-seqs", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--prefill-len", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="save every round's figures here")
+    p.add_argument("--part", choices=list(CORE_CONFIGS), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.part:
+        with open(args.spec) as f:
+            print("RESULT " + json.dumps(core_part(json.load(f), args.part)), flush=True)
+        return 0
+    from core.loader.source import default_model_path
+
+    genai_python = ensure_genai()
+    rounds = []
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
+        json.dump(workload(args), spec)
+        spec.flush()
+        for r in range(args.rounds):
+            order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
+            figures = {"load_before": load_average()}
+            for config in order:
+                figures[config] = run_config(config, spec.name, args.threads, genai_python, str(default_model_path()))
+                print(f"round {r + 1} {config}: {figures[config]}", file=sys.stderr)
+            rounds.append(figures)
+    print(report(rounds))
+    print(f"threads {args.threads}; load averages before each round: {[r['load_before'] for r in rounds]}")
+    if args.json:
+        args.json.write_text(json.dumps(rounds, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
