@@ -76,6 +76,12 @@ struct CKStep {
   const int32_t *starts, *seq_lens, *tables;  // attention metadata (plugins/attention.py)
   long table_stride, tokens, num_seqs;
   void *out;  // [tokens, hidden] final normed hidden states (dtype)
+  // pipeline parallel (the decoder holds one stage's layers): intermediate, the previous stage's
+  // [tokens, 2 * hidden] hidden states | residual (dtype), stands for the embedding of ids (NULL on
+  // the first stage: embed); out_intermediate nonzero (a stage before the last): out gets this
+  // stage's [tokens, 2 * hidden] hidden states | residual instead of the final norm's output.
+  const void *intermediate;
+  int out_intermediate;
 };
 
 namespace CK_NS {
@@ -135,6 +141,22 @@ using namespace CK_NS;
 
 extern "C" {
 
+// Copies rows [t, 2 * h] of hidden | residual from (to_rows 0) or into (to_rows 1) rows [t, h] of
+// hidden and residual (esize bytes an element): the hand-off between pipeline stages.
+static void stage_rows(int to_rows, void *rows, char *hidden, char *residual, long t, long h, long esize) {
+  const long n = h * esize;
+  for (long i = 0; i < t; ++i) {
+    char *row = (char *)rows + 2 * i * n;
+    if (to_rows) {
+      memcpy(row, hidden + i * n, n);
+      memcpy(row + n, residual + i * n, n);
+    } else {
+      memcpy(hidden + i * n, row, n);
+      memcpy(residual + i * n, row + n, n);
+    }
+  }
+}
+
 // Runs the decoder on step->tokens tokens; writes step->out. Returns 0, -1 when a
 // buffer could not be allocated, -2 for a token id outside the vocabulary, -3 for a
 // slot outside the KV cache, -4 for a cache dtype the cache writes or paged_attention do not
@@ -143,7 +165,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   const long t = s->tokens, h = m->hidden, d = m->head_dim;
   const long q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_size = q_size + 2 * kv_size;
   const long esize = m->dtype == CK_F32 ? 4 : 2;
-  for (long i = 0; i < t; ++i)
+  for (long i = 0; i < t && !s->intermediate; ++i)
     if (s->ids[i] < 0 || s->ids[i] >= m->vocab_total) return -2;
   // [t, width] buffers (dtype): residual stream, normed input of a projection, output of
   // o_proj / down_proj, qkv, rotated q and k, attention output, gate_up, SiLU(gate) * up
@@ -164,7 +186,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   if (!base) return -1;
   char *b[NUM_BUFS];
   for (int i = 0; i < NUM_BUFS; ++i) b[i] = base + offsets[i];
-  for (long i = 0; i < t; ++i) {
+  for (long i = 0; i < t && !s->intermediate; ++i) {
     const long row = s->ids[i] - m->vocab_start;
     if (row >= 0 && row < m->vocab)
       memcpy(b[RES] + i * h * esize, (const char *)m->embed + row * h * esize, h * esize);
@@ -176,13 +198,15 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
   int status = 0;
   // the sum over the ranks of a row-parallel output [t, h] (the embedding, o, down or the experts')
   auto reduce = [&](void *buf) { return m->all_reduce && m->all_reduce(m->comm, buf, t * h, dt) ? -5 : 0; };
-  if ((status = reduce(b[RES]))) {
+  if (s->intermediate)  // the previous stage's last layer output and residual, as if from a layer here
+    stage_rows(0, (void *)s->intermediate, b[PROJ], b[RES], t, h, esize);
+  else if ((status = reduce(b[RES]))) {
     free(base);
     return status;
   }
   for (long li = 0; li < m->num_layers; ++li) {
     const CKLayer &l = m->layers[li];
-    if (li == 0)  // residual = embeddings; later layers first add the previous layer's output
+    if (li == 0 && !s->intermediate)  // residual = embeddings; later layers first add the previous layer's output
       CK_FN(rms_norm)(dt, ndt, b[NORMED], NULL, b[RES], h, NULL, 0, l.input_norm, t, h, m->eps, nt);
     else
       CK_FN(rms_norm)(dt, ndt, b[NORMED], b[RES], b[PROJ], h, b[RES], h, l.input_norm, t, h,
@@ -229,7 +253,9 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
     }
     if (status || (status = reduce(b[PROJ]))) break;
   }
-  if (!status)
+  if (!status && s->out_intermediate)
+    stage_rows(1, s->out, b[PROJ], b[RES], t, h, esize);
+  else if (!status)
     CK_FN(rms_norm)(dt, ndt, s->out, b[RES], b[PROJ], h, b[RES], h, m->final_norm, t, h,
                       m->eps, nt);
   free(base);

@@ -78,7 +78,7 @@ class _Step(Structure):
     _fields_ = [
         ("ids", c_void_p), ("positions", c_void_p), ("slots", c_void_p), ("starts", c_void_p),
         ("seq_lens", c_void_p), ("tables", c_void_p), ("table_stride", c_long), ("tokens", c_long),
-        ("num_seqs", c_long), ("out", c_void_p),
+        ("num_seqs", c_long), ("out", c_void_p), ("intermediate", c_void_p), ("out_intermediate", c_int),
     ]  # fmt: skip
 
 
@@ -152,7 +152,9 @@ def _native_all_reduce(comm: Any | None) -> tuple[int | None, int | None]:
 class FusedDecoder:
     """One native call per forward pass of a Llama-family model (any batch of a step),
     from the model's explicit description (:class:`plugins.model.ModelDescription`): q/k head
-    norms (Qwen3) and mixture-of-experts layers (native/src/moe.cpp) included.
+    norms (Qwen3) and mixture-of-experts layers (native/src/moe.cpp) included, and a pipeline
+    stage's layers (a description without an embedding takes the previous stage's output, one
+    without a final norm returns its hidden states and residual: :class:`plugins.runner.ModelInputs`).
 
     :raises NotFusable: a weight format, a dtype, a dim or the cache layout is one the
         native decoder does not run (the caller then runs eagerly).
@@ -161,12 +163,13 @@ class FusedDecoder:
     def __init__(self, desc: ModelDescription, kernels: Any) -> None:
         layers, dtype = desc.layers, desc.dtype
         _need(len(layers) > 0, "no layers")
-        _need(desc.embedding is not None and desc.final_norm is not None, "a pipeline stage (not the whole model)")
         _need(dtype in NATIVE_DTYPES, f"dtype {dtype} (native: float32, bfloat16)")
         heads, kv_heads, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
         _need(heads % kv_heads == 0 and heads // kv_heads <= kernels.lib.max_group, "query heads per KV head")
         _need(d <= kernels.lib.max_head and d % 2 == 0, f"head size {d}")
-        norm_w, cos_sin = desc.final_norm, desc.cos_sin
+        # a pipeline stage: the first embeds (else takes the previous stage's output), the last normalizes
+        self.first, self.last = desc.embedding is not None, desc.final_norm is not None
+        norm_w, cos_sin = desc.final_norm if self.last else layers[0].input_norm, desc.cos_sin
         _need(norm_w.dtype in NATIVE_DTYPES, "RMSNorm weights are not float32/bfloat16")
         _need(cos_sin.dtype in NATIVE_DTYPES and cos_sin.shape[-1] == d, "rotary cache")
         k_cache0 = layers[0].k_cache
@@ -216,10 +219,13 @@ class FusedDecoder:
             if layer.kv_scale is not None:
                 entry.kv_scale = _dense(layer.kv_scale, torch.float32, f"layer {i} kv_scale")
         all_reduce, comm = _native_all_reduce(desc.comm)
+        embed = _dense(desc.embedding, dtype, "embedding") if self.first else None
+        vocab = desc.embedding.shape[0] if self.first else 0
+        final_norm = _dense(norm_w, norm_w.dtype, "final norm") if self.last else None
         self._decoder = _Decoder(
-            self._layers, len(layers), hidden, heads, kv_heads, d, inter, desc.embedding.shape[0],
-            k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], _dense(desc.embedding, dtype, "embedding"),
-            _dense(norm_w, norm_w.dtype, "final norm"), _dense(cos_sin, cos_sin.dtype, "rotary cache"),
+            self._layers, len(layers), hidden, heads, kv_heads, d, inter, vocab,
+            k_cache0.shape[1], k_cache0.shape[0] * k_cache0.shape[1], embed,
+            final_norm, _dense(cos_sin, cos_sin.dtype, "rotary cache"),
             desc.rms_norm_eps, desc.attn_scale, NATIVE_DTYPES[dtype], NATIVE_DTYPES[norm_w.dtype],
             NATIVE_DTYPES[cos_sin.dtype], cache_code(dtype, cache_dtype), desc.sliding_window or 0,
             desc.vocab_start, desc.vocab_size, all_reduce, comm,
@@ -237,9 +243,12 @@ class FusedDecoder:
             if not all(float(scale.min()) > 0 for scale in self.kv_scales):
                 return False
             self.kv_scales = []
-        meta = inputs.attn_metadata
+        meta, intermediate = inputs.attn_metadata, inputs.intermediate
         return (
             inputs.num_tokens > 0
+            and (intermediate is None) == self.first
+            and (intermediate is None or (intermediate.dtype == self.dtype and intermediate.is_contiguous()
+                                          and tuple(intermediate.shape) == (inputs.num_tokens, 2 * self.hidden)))
             and (inputs.lora is None or (bool(self._loras) and inputs.lora.num_rows == inputs.num_tokens))
             and all(t.dtype == torch.int64 and t.is_contiguous() for t in (inputs.input_ids, inputs.positions,
                                                                          meta.slot_mapping))
@@ -248,13 +257,15 @@ class FusedDecoder:
         )  # fmt: skip
 
     def __call__(self, inputs: ModelInputs) -> torch.Tensor:
-        """Final normed hidden states ``[tokens, hidden]``, as the eager forward returns them."""
-        meta, tokens = inputs.attn_metadata, inputs.num_tokens
-        out = inputs.input_ids.new_empty((tokens, self.hidden), dtype=self.dtype)
+        """Final normed hidden states ``[tokens, hidden]`` (a pipeline stage before the last: its
+        hidden states and residual ``[tokens, 2 * hidden]``), as the eager forward returns them."""
+        meta, tokens, intermediate = inputs.attn_metadata, inputs.num_tokens, inputs.intermediate
+        out = inputs.input_ids.new_empty((tokens, self.hidden if self.last else 2 * self.hidden), dtype=self.dtype)
         step = _Step(
             inputs.input_ids.data_ptr(), inputs.positions.data_ptr(), meta.slot_mapping.data_ptr(),
             meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), meta.block_tables.data_ptr(),
             meta.block_tables.stride(0), tokens, len(meta.seq_lens_host), out.data_ptr(),
+            None if intermediate is None else intermediate.data_ptr(), int(not self.last),
         )  # fmt: skip
         lora = inputs.lora
         self._lora_step.row_slots = None if lora is None else lora.row_slots.data_ptr()
