@@ -26,6 +26,15 @@ def test_more_stages_than_layers_is_refused():
         split_layers(2, 3)
 
 
+def test_a_stated_partition_replaces_the_even_split(monkeypatch):
+    assert split_layers(30, 2, "20,10") == [(0, 20), (20, 30)]
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,2")  # vLLM's spelling, read when core's is unset
+    assert PipelineStage.build(3, 1, 2) == PipelineStage(1, 2, 1, 3, 3)
+    for bad in ("2,2", "3,0", "3", "a,b"):
+        with pytest.raises(ValueError, match="expected 2 positive layer counts summing to 3"):
+            split_layers(3, 2, bad)
+
+
 def test_a_stage_holds_its_layers_and_its_ends():
     first, last = PipelineStage.build(3, 0, 2), PipelineStage.build(3, 1, 2)
     names = ["model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.layers.2.input_layernorm.weight",

@@ -3,30 +3,51 @@
 A model of ``num_layers`` layers over ``size`` stages: every stage gets ``num_layers // size``
 layers, and the ``num_layers % size`` left over go one each to the stages before the last,
 last-but-one first (vLLM's rule: the last stage also runs the final norm and the LM head).
-The first stage embeds the tokens; each stage hands its hidden states and residual to the
-next; the last normalizes and computes the logits.
+``CORE_PP_LAYER_PARTITION`` (or vLLM's ``VLLM_PP_LAYER_PARTITION``), the layers of each stage
+comma-separated (``"16,14"``), sets the split instead. The first stage embeds the tokens; each
+stage hands its hidden states and residual to the next; the last normalizes and computes the
+logits.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 _LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
+#: the variables that set each stage's number of layers (the first one set is read)
+PARTITION_ENV = ("CORE_PP_LAYER_PARTITION", "VLLM_PP_LAYER_PARTITION")
 
 
-def split_layers(num_layers: int, size: int) -> list[tuple[int, int]]:
+def split_layers(num_layers: int, size: int, partition: str | None = None) -> list[tuple[int, int]]:
     """Each stage's layers ``[start, stop)`` (see the module docstring).
 
-    :raises ValueError: when there are fewer layers than stages.
+    :param partition: each stage's number of layers, comma-separated (the environment's
+        :data:`PARTITION_ENV` by default); empty: the even split.
+    :raises ValueError: when there are fewer layers than stages, or a partition that does not
+        give each of ``size`` stages at least one of the ``num_layers`` layers (naming the variable).
     """
     if size < 1 or num_layers < size:
         raise ValueError(
             f"pipeline_parallel_size={size} needs at least one layer per stage; the model has {num_layers} layers"
         )
-    counts = [num_layers // size] * size
-    for i in range(num_layers % size):
-        counts[-2 - i] += 1
+    if partition is None:
+        partition = next((os.environ[name] for name in PARTITION_ENV if os.environ.get(name)), "")
+    if partition:
+        try:
+            counts = [int(part) for part in partition.split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) != size or sum(counts) != num_layers or min(counts) < 1:
+            raise ValueError(
+                f"{'/'.join(PARTITION_ENV)}={partition!r}: expected {size} positive layer counts summing to "
+                f"{num_layers}, comma-separated"
+            )
+    else:
+        counts = [num_layers // size] * size
+        for i in range(num_layers % size):
+            counts[-2 - i] += 1
     bounds, start = [], 0
     for count in counts:
         bounds.append((start, start + count))
