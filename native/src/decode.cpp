@@ -86,19 +86,15 @@ struct CKStep {
 
 namespace CK_NS {
 
-// out[t] += the LoRA delta of x[t] for the step's adapter rows (x [rows, k], out [rows, l.n])
+// out[t] += the LoRA delta of x[t] for the step's adapter rows (x [rows, k], out [rows, l.n]), every
+// part of the linear's output in one call (lora.cpp)
 static int add_lora(const CKLinear &l, int dtype, const void *x, long rows, void *out, int nt) {
   const CKLoRA &lo = *l.lora;
-  const long r_total = lo.num_parts * lo.rank, esize = dtype == CK_F32 ? 4 : 2;
   rows = rows < lo.step->num_rows ? rows : lo.step->num_rows;
-  float *h = (float *)malloc(sizeof(float) * (rows * r_total + 1));
-  if (!h) return -1;
-  int status = CK_FN(lora_shrink)(dtype, x, l.k, rows, lo.a, r_total, l.k, lo.step->row_slots, h, nt);
-  for (long i = 0, offset = 0; i < lo.num_parts && !status; offset += lo.n[i++])
-    status = CK_FN(lora_expand)(dtype, (char *)out + offset * esize, l.n, h + i * lo.rank, r_total, lo.b[i],
-                                lo.n[i], lo.rank, lo.step->row_slots, rows, lo.num_slots, nt);
-  free(h);
-  return status ? -1 : 0;
+  return CK_FN(lora_apply)(dtype, x, l.k, rows, out, l.n, lo.a, l.k, lo.b, lo.n, lo.num_parts, lo.rank,
+                           lo.step->row_slots, lo.num_slots, nt)
+             ? -1
+             : 0;
 }
 
 // plugins/cpu_native/linear.py's BF16_PANEL_MIN_ROWS: the eager linear's choice

@@ -42,4 +42,7 @@ int CK_FN(lora_shrink)(int dtype, const void *x, long x_stride, long rows, const
 int CK_FN(lora_expand)(int dtype, void *y, long y_stride, const float *h, long h_stride, const void *b,
                        long n, long rank, const int64_t *row_slots, long rows, long num_slots,
                        int nthreads);
+int CK_FN(lora_apply)(int dtype, const void *x, long x_stride, long rows, void *y, long y_stride, const void *a,
+                      long k, const void *const *b, const long *n, long num_parts, long rank,
+                      const int64_t *row_slots, long num_slots, int nthreads);
 }

@@ -1,8 +1,9 @@
 """The native LoRA kernels (native/src/lora.cpp) against the SDK's torch default, on every ISA path.
 
-Mixed batches of base rows and several slots: a slot with one row (the dot path) and slots with
-many (B's blocks transposed once for all their rows), a fused projection's parts expanded into
-their own columns, padded rows past the mapping, float32 and bfloat16.
+Mixed batches of base rows and several slots: slots with a few rows (each output a dot over the
+rank) and slots with many (B transposed once for all their rows), odd rows after the register
+tiles' pairs, a fused projection's parts expanded into their own columns, padded rows past the
+mapping, ranks and input sizes off the vector tiles, float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from plugins.lora import LoRAMapping
 CASES = {  # row_slots, padded rows, in features, parts, rank
     "one row": ([2], 0, 64, (96,), 8),
     "fused qkv": ([1, -1, 0, 1, 1, -1, 3, 1, 0], 2, 96, (64, 32, 32), 16),
-    "batch, parallel": ([s % 4 - 1 for s in range(40)], 0, 256, (200, 200), 8),
+    "batch, parallel": ([s % 4 - 1 for s in range(40)], 0, 512, (1024, 1000), 8),  # over lora.cpp's kParallelWork
     "rank 64": ([0, 0, 3], 1, 128, (130,), 64),
+    # slots with kTransposeRows (16) rows or more: their B transposed once, outputs past the last block of 64
+    "many rows": ([s % 3 - 1 for s in range(61)], 3, 64, (100, 36), 16),
+    "rank 12, many rows": ([0] * 20 + [1] * 3 + [-1], 0, 40, (70,), 12),  # no register tiles (12, 40: not 8k)
 }
 
 

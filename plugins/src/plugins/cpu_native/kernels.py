@@ -309,7 +309,7 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         return super().fused_moe(x, experts, topk_weights, topk_ids)
 
     def lora_shrink(self, x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
-        """Native (native/src/lora.cpp): each adapter row's ``rank`` dots over the input features."""
+        """Native (native/src/lora.cpp): a slot's rows in pairs against 4 rows of ``A`` at a time."""
         dt, rows = NATIVE_DTYPES.get(x.dtype), _rows(x)
         slots = mapping.row_slots
         r_total, in_features = lora_a.shape[1], lora_a.shape[2]
@@ -320,14 +320,17 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
             return super().lora_shrink(x, lora_a, mapping)
         # rows past the mapping's (a runner's padding) are base rows: zeros
         h = (torch.zeros if x.shape[0] > mapping.num_rows else torch.empty)(x.shape[0], r_total, dtype=torch.float32)
-        self.lib.lora_shrink(dt, x.data_ptr(), rows[2], mapping.num_rows, lora_a.data_ptr(), r_total, in_features,
-                             slots.data_ptr(), h.data_ptr(), self.num_threads)  # fmt: skip
+        status = self.lib.lora_shrink(dt, x.data_ptr(), rows[2], mapping.num_rows, lora_a.data_ptr(), r_total,
+                                      in_features, slots.data_ptr(), h.data_ptr(), self.num_threads)  # fmt: skip
+        if status:
+            raise MemoryError("the native lora_shrink could not allocate its row groups")
         return h
 
     def lora_expand(
         self, y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, mapping: LoRAMapping, offset: int = 0
     ) -> None:
-        """Native (native/src/lora.cpp): a slot's rows per block of outputs, ``B``'s block read once."""
+        """Native (native/src/lora.cpp): each output a dot over the rank, or for a slot with many rows
+        ``B`` transposed once and each row's update an axpy over the outputs."""
         dt, (num_slots, n, rank) = NATIVE_DTYPES.get(y.dtype), lora_b.shape
         if (
             dt is None or y.dim() != 2 or y.stride(1) != 1 or lora_b.dtype != y.dtype or not lora_b.is_contiguous()
@@ -341,4 +344,4 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
             n, rank, mapping.row_slots.data_ptr(), mapping.num_rows, num_slots, self.num_threads,
         )  # fmt: skip
         if status:
-            raise MemoryError("the native lora_expand could not allocate its row groups")
+            raise MemoryError("the native lora_expand could not allocate its row groups or B's transpose")
