@@ -8,7 +8,8 @@ Adapters: ``--adapters`` peft LoRAs of rank ``--rank`` on ``--targets`` with ran
 (``init_lora_weights=False``: every adapted module changes the answer), made once on the
 GGUF's float32 weights under ``~/.cache/core-bench``. Checked (``greedy equal to peft``): each
 adapter's 16 greedy tokens on two prompts equal peft's. Workloads, each side's configurations
-timed in alternating rounds (medians), output tokens per second:
+timed in alternating rounds (medians; our engines without the prefix cache, so every round
+computes its prompts), output tokens per second:
 
 * batched: ``--streams`` prompts of ``--prompt`` tokens, ``--tokens`` generated each: the base
   model (an engine without LoRA), every stream on one adapter, streams spread over all adapters;
@@ -88,7 +89,11 @@ def timed(runs: dict, rounds: int) -> dict[str, float]:
 
 def ours(args, paths: list[Path], batch: list[list[int]]) -> dict:
     requests = [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(paths)]
-    options = {"max_num_seqs": len(batch), "max_model_len": 1024, "kv_cache_bytes": 256 << 20}
+    # no prefix cache: every round reruns the same prompts, and the base engine (one workload) would
+    # find them cached while the adapter engine's two workloads (prompts under other adapters) evict
+    # each other's blocks: prefill would be timed against cache hits
+    options = {"max_num_seqs": len(batch), "max_model_len": 1024, "kv_cache_bytes": 256 << 20,
+               "enable_prefix_caching": False}  # fmt: skip
     base = LLM(**options)
     lora = LLM(**options, enable_lora=True, max_loras=len(paths), max_lora_rank=args.rank)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
