@@ -11,7 +11,9 @@
 // than the deltas. Vector builds (CK_V8) with in and the rank multiples of 8 take register
 // tiles: the shrink 2 rows x 4 rows of A, the expand 2 rows x 8 outputs, each output's dot
 // over the rank (B is [N, R]: a row of B is one output's) reduced 8 at a time by
-// v8_hsum8x8; other shapes and the scalar build take plain loops.
+// v8_hsum8x8; other shapes and the scalar build take plain loops. A slot with kTransposeRows
+// rows or more (prefill) has its B transposed once per call instead, each row's update then
+// an axpy over the outputs per rank, vectorized over outputs (the dots cost a reduction each).
 #include <stdlib.h>
 
 #include <type_traits>
