@@ -120,11 +120,12 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def report(rounds: list[dict]) -> str:
+def report(rounds: list[dict], args: argparse.Namespace) -> str:
     """A markdown table: each configuration's median figures, then the median per-round ratio of
     each plugin_openvino configuration to openvino-genai and to cpu_x86."""
+    workload = f"{args.num_seqs}x({args.prompt_len}+{args.n_gen})"
     lines = [
-        "| configuration | batch-1 decode tok/s | 32x(128+128) output tok/s | prefill tok/s |",
+        f"| configuration | batch-1 decode tok/s | {workload} output tok/s | {args.prefill_len}-token prefill tok/s |",
         "|---|---|---|---|",
     ]
     for config in CONFIGS:
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures[config] = run_config(config, spec.name, args.threads, genai_python, str(default_model_path()))
                 print(f"round {r + 1} {config}: {figures[config]}", file=sys.stderr)
             rounds.append(figures)
-    print(report(rounds))
+    print(report(rounds, args))
     print(f"threads {args.threads}; load averages before each round: {[r['load_before'] for r in rounds]}")
     if args.json:
         args.json.write_text(json.dumps(rounds, indent=1))
