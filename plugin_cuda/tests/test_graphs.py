@@ -13,7 +13,8 @@ from plugins.runner import ModelInputs, pad_inputs
 
 
 def config(**kw):
-    return SimpleNamespace(**{"enforce_eager": False, "max_num_seqs": 64, "kv_cache_dtype": "bfloat16", **kw})
+    defaults = {"enforce_eager": False, "max_num_seqs": 64, "kv_cache_dtype": "bfloat16", "pipeline_parallel_size": 1}
+    return SimpleNamespace(**{**defaults, **kw})
 
 
 def test_default_capture_sizes_like_vllm() -> None:
@@ -28,6 +29,8 @@ def test_select_capture_sizes() -> None:
     sizes, why = select_capture_sizes(config(), None, True)
     assert sizes == default_capture_sizes(64) and "default" in why
     assert select_capture_sizes(config(enforce_eager=True), None, True) == ((), "enforce_eager is set")
+    sizes, why = select_capture_sizes(config(pipeline_parallel_size=2), None, True)
+    assert sizes == () and why.startswith("pipeline parallel")
     sizes, why = select_capture_sizes(config(kv_cache_dtype="fp8_e4m3"), None, True)
     assert sizes == () and "kv_cache_dtype fp8_e4m3 runs the torch reference" in why
     sizes, why = select_capture_sizes(config(), None, False)

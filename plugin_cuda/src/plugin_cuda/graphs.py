@@ -34,11 +34,13 @@ def select_capture_sizes(
 ) -> tuple[tuple[int, ...], str]:
     """The decode batch sizes to capture and why, e.g. ``((1, 2, 4), "CUDA_GRAPH_SIZES")``.
 
-    Empty when graphs are off: ``config.enforce_eager``, kernels that plan on host
-    lengths (``is_graph_safe`` False), an FP8 KV cache, or no size within ``config.max_num_seqs``.
+    Empty when graphs are off: ``config.enforce_eager``, pipeline parallelism, kernels that plan
+    on host lengths (``is_graph_safe`` False), an FP8 KV cache, or no size within ``config.max_num_seqs``.
     """
     if config.enforce_eager:
         return (), "enforce_eager is set"
+    if config.pipeline_parallel_size > 1:  # graphs are captured on input ids alone
+        return (), "pipeline parallel: a stage after the first takes the previous stage's hidden states"
     if not is_graph_safe:
         return (), "the attention kernels are not graph-safe (CUDA_ATTENTION_BACKEND=reference)"
     if config.kv_cache_dtype in FP8_KV_DTYPES:  # the reference write indexes by a mask: a host sync
