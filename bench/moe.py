@@ -1,8 +1,8 @@
 """Mixture-of-experts decode and throughput: a ~1B Qwen3-MoE of random weights (8 experts, 2 active)
 through this engine, transformers and llama.cpp, in one invocation.
 
-    python bench/moe.py [--threads 2] [--rounds 3] [--formats F16,Q8_0,Q4_0] [--decode-tokens 64]
-                        [--streams 32] [--prompt 64] [--tokens 64] [--results bench/RESULTS.md]
+    python bench/moe.py [--threads 2] [--rounds 3] [--formats F16,Q8_0,Q4_0] [--decode-tokens 32]
+                        [--streams 32] [--prompt 32] [--tokens 32] [--results bench/RESULTS.md]
 
 The model (made once under ``~/.cache/core-bench/moe-qwen3``, ``CORE_BENCH_CACHE``): a
 ``Qwen3MoeConfig`` with the default model's tokenizer (49152 ids), hidden 1024, 24 layers, all
@@ -25,7 +25,8 @@ Measured, each system in its own process (loaded once), alternating within each 
   bandwidth (bench/floors.py).
 
 Each figure is the median over rounds of the per-round ratio; the table goes to stdout and,
-with ``--results``, into that file's ``moe`` section. Not for CI.
+with ``--results``, into that file's ``moe`` section. transformers' 32 streams are the slow part
+(float32, ~1 output tok/s at load 15 here): expect half an hour or more for the defaults. Not for CI.
 """
 
 from __future__ import annotations
@@ -270,10 +271,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--formats", default="F16,Q8_0,Q4_0")
-    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--streams", type=int, default=32)
-    parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--no-hf", action="store_true", help="skip transformers (the folder's core figures stay)")
     parser.add_argument("--results", type=Path, help="also put the table into this file's moe section")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: serve one system
