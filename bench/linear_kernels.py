@@ -8,7 +8,7 @@ multiplied by ``rows`` activation rows through ``lib.linear``, best of 5 passes,
 product, in three ways: float32 activations on the blocks as stored (``float``), int16
 activations per block of 32 on the x8 layout (``int16``: the default path,
 ``CK_ACT16``), int8 ones (``int8``: ``CORE_CPU_QUANT_ACTIVATIONS=1``). On builds without
-AVX-512, ``int16`` runs the float32 panel kernel from 7 rows. Not for CI.
+AVX-512, ``int16`` runs the float32 panel kernel from 7 rows (64 on Q4_0/Q4_1). Not for CI.
 """
 
 from __future__ import annotations

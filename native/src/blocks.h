@@ -33,7 +33,7 @@ enum { CK_PER_TOKEN = 64 };
 // added to an x8 code: the default path. The activations are rounded to int16 per block of 32
 // (quant.cpp: to 2^-16 of the block's largest magnitude, the x8 kernel on two int8 halves), or
 // where the build's int8 kernel is slow at many rows (no AVX-512: quant.cpp's
-// kAct16PanelMin) multiplied in float32 by the panel kernel (matvec.cpp), which reads the x8
+// act16_on_panel) multiplied in float32 by the panel kernel (matvec.cpp), which reads the x8
 // layout as it is.
 enum { CK_ACT16 = 128 };
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from plugin_cpu_x86.platform import CpuX86Platform
+from plugins.cpu_native.library import Q4_0, Q4_1, Q4FX8, X8
 from plugins.kernels import Kernels
 
 #: CPU_KERNEL_ISA values each kernel test runs under (skipped where the CPU lacks it)
@@ -54,14 +55,19 @@ def act16_quant(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
 
 
+#: x8 codes of 4-bit weights, which the AVX2 build keeps on int16 up to 64 rows
+Q4_X8_CODES = (Q4_0 + X8, Q4_1 + X8, Q4FX8)
+
+
 def multiplied(kernels, prepared, x: torch.Tensor) -> torch.Tensor:
     """The activations the default path multiplies ``prepared`` with: int16-rounded on x8 weights
-    (builds without AVX-512: below 7 rows, from there the float32 panel kernel; the AMX build: below
-    kAmxMinRows = 24 rows, native/src/blocks.h, from there the tile kernels), else ``x``."""
+    (builds without AVX-512: below 7 rows, 64 on 4-bit weights, from there the float32 panel kernel,
+    native/src/quant.cpp act16_on_panel; the AMX build: below kAmxMinRows = 24 rows,
+    native/src/blocks.h, from there the tile kernels), else ``x``."""
     if getattr(prepared, "act16", False):
         if kernels.isa == "avx512amx":
             return act16_quant(x) if x.shape[0] < 24 else x
-        if x.shape[0] < 7 or kernels.isa.startswith("avx512"):
+        if kernels.isa.startswith("avx512") or x.shape[0] < (64 if prepared.code in Q4_X8_CODES else 7):
             return act16_quant(x)
     return x
 

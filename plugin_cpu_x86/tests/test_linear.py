@@ -11,6 +11,7 @@ loosely against the float32 product.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -263,6 +264,24 @@ def test_k_quant_int8_activation_kernel(kernels, gen, qtype, out_features):
         check_int8_activations(kernels.linear(x, prepared), x, w_deq, f"{qtype} x{tokens}")
     x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
     check_int8_activations(kernels.linear(x, prepared).float(), x.float(), w_deq, f"{qtype} bf16")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+# small batches (speculative verification, a few decode rows): 1-9 rows on every tile shape
+# (int16: two int8 rows a row, tiles of 8 or 4 int8 rows, two groups at a time from 3); the
+# AVX2 build's last int16 rows and first panel rows on 4-bit weights (63, 64)
+@pytest.mark.parametrize("tokens", [*range(1, 10), 63, 64])
+def test_small_batches(kernels, multiplied, gen, qtype, tokens):
+    """The default path (int16 activations on x8 weights) and int8 activations at every small row
+    count, on a part group (101 rows) split over the threads."""
+    w = torch.randn(101, 576, generator=gen).numpy()
+    prepared = kernels.prepare_linear(gguf_weight(qtype, w), "gguf")
+    w_deq = prepared.dequantize()
+    x = torch.randn(tokens, 576, generator=gen) * 2
+    check(kernels.linear(x, prepared), x, w_deq, None, f"{qtype} x{tokens}", multiplied(prepared, x))
+    if kernels.lib.x8_simd:
+        int8 = prepared if not prepared.act16 else dataclasses.replace(prepared, act16=False)
+        check_int8_activations(kernels.linear(x, int8), x, w_deq, f"{qtype} x{tokens} int8")
 
 
 def test_int8_activations_leave_odd_widths_unpacked(kernels, gen):

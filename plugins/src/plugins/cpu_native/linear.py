@@ -6,7 +6,7 @@ By default the GGUF block formats and int8 weights are repacked at load in group
 scales, their values unchanged) and the activations rounded to int16 per block of 32, to 2^-16
 of the block's largest magnitude (native/src/quant.cpp: the int8 kernel on two int8 halves;
 1.3-2x the float32 kernels' speed on one thread, greedy tokens as transformers'); builds without
-AVX-512 multiply batches of 7 rows or more in float32 on that layout. Where the int8 kernel is
+AVX-512 multiply batches of 7 rows or more (64 on 4-bit weights) in float32 on that layout. Where the int8 kernel is
 not vectorized (NEON without the dot-product extension, s390x, the scalar build), and for E4M3
 weights, the native kernel runs on the weights as stored: it dequantizes weight blocks in
 registers (a few rows) or in L1 panels (more rows) and multiplies them into the float32
