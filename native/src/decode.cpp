@@ -31,7 +31,7 @@ struct CKLinear {  // y = x @ W^T (+ bias) (+ the step's LoRA deltas), W in weig
   int qt, bias_dtype;  // an x8 format takes int8 activations (quant.cpp)
   const CKLoRA *lora;  // NULL: no adapters on this linear
   // W rounded to bfloat16 and packed (plugins/cpu_native/bf16.py), or NULL: bfloat16 products
-  // of kBf16wMinRows or more rows take it (linear_bf16w), fewer the weights in format qt
+  // of bf16_panel_min_rows() or more rows take it (linear_bf16w), fewer the weights in format qt
   const void *bf16w;
 };
 
@@ -97,12 +97,9 @@ static int add_lora(const CKLinear &l, int dtype, const void *x, long rows, void
              : 0;
 }
 
-// plugins/cpu_native/linear.py's BF16_PANEL_MIN_ROWS: the eager linear's choice
-static const long kBf16wMinRows = 8;
-
 static int linear(const CKLinear &l, int dtype, const void *x, long rows, void *out, int nt) {
   const int status =
-      l.bf16w && dtype == CK_BF16 && rows >= kBf16wMinRows
+      l.bf16w && dtype == CK_BF16 && rows >= CK_FN(bf16_panel_min_rows)()
           ? CK_FN(linear_bf16w)(l.bf16w, l.n, l.k, dtype, x, l.k, rows, out, l.bias, l.bias_dtype, 0, nt)
           : CK_FN(linear)(l.qt, l.w, l.scales, l.n, l.k, dtype, x, l.k, rows, out, l.bias, l.bias_dtype, nt);
   if (status || !l.lora || !l.lora->step->row_slots) return status;

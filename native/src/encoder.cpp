@@ -256,6 +256,20 @@ int CK_FN(linear_bf16w_ready)(void) {
 #endif
 }
 
+// The fewest activation rows of a bfloat16 product on a GGUF/int8 weight that take the weight's
+// bfloat16 panels (linear_bf16w) over its own format: from 8 rows the products are compute-bound and
+// vdpbf16ps on weights packed once outruns dequantizing them per product (Zen 4, 2 threads: 8 rows of
+// 960x576 1.3x, 32 rows of 3072x576 1.5x the Q4_1 path). 0 (never) on builds without AVX512_BF16 and
+// on AMX builds, whose tile kernels are faster still. The one declaration of this choice: decode.cpp
+// and plugins/cpu_native (CPU_BF16_PREPACK) read it.
+int CK_FN(bf16_panel_min_rows)(void) {
+#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
+  return 8;
+#else
+  return 0;
+#endif
+}
+
 // out[rows, n] (dtype, contiguous) = act(x[rows, k] @ W^T + bias): W packed by
 // plugins/cpu_native/bf16.py (bf16_tile.h's groups of 64 rows, k-pairs x rows, zero rows past
 // n), x of dtype with row stride x_stride, k a multiple of 32; act 0 none, 1 GELU (erf), 2 GELU

@@ -35,6 +35,7 @@ int CK_FN(dequant_matmul)(int qt, const void *w, const float *row_scale, long n,
 int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k, int dtype,
                     const void *x, long x_stride, long rows, void *out, const void *bias,
                     int bias_dtype, int nthreads);
+int CK_FN(bf16_panel_min_rows)(void);
 int CK_FN(linear_bf16w)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
                        void *out, const void *bias, int bias_dtype, int act, int nthreads);
 int CK_FN(lora_shrink)(int dtype, const void *x, long x_stride, long rows, const void *a, long r_total,

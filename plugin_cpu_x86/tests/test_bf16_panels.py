@@ -1,6 +1,6 @@
 """bfloat16 products of many rows on GGUF/int8 weights packed once as bfloat16 (CPU_BF16_PREPACK).
 
-From ``BF16_PANEL_MIN_ROWS`` activation rows a bfloat16 product takes the weight rounded to
+From ``bf16_panel_min_rows`` activation rows (the library's choice: native/src/encoder.cpp) a bfloat16 product takes the weight rounded to
 bfloat16 and packed (``linear_bf16w``), made on first use and kept with the weight; fewer rows,
 and kernels that do not prepack, dequantize the weight in the product as before.
 """
@@ -12,7 +12,6 @@ import pytest
 import torch
 from plugin_cpu_x86.platform import CpuX86Platform
 from plugins.cpu_native.bf16 import reference_bf16_linear
-from plugins.cpu_native.linear import BF16_PANEL_MIN_ROWS
 from plugins.kernels import GGUFWeight
 
 
@@ -28,8 +27,8 @@ def prepack_kernels(monkeypatch, prepack: bool):
         kernels = CpuX86Platform().kernels
     except ValueError as exc:
         pytest.skip(str(exc))
-    if not kernels.lib.linear_bf16w_ready():
-        pytest.skip(f"the {kernels.isa} kernels have no linear_bf16w (no AVX512_BF16)")
+    if not kernels.lib.bf16_panel_min_rows():
+        pytest.skip(f"the {kernels.isa} kernels keep the weights' own formats (no AVX512_BF16, or AMX)")
     return kernels
 
 
@@ -38,10 +37,10 @@ def q4_1(n: int, k: int, gen: torch.Generator) -> GGUFWeight:
     return GGUFWeight("Q4_1", torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1)), n, k)
 
 
-@pytest.mark.parametrize("rows", [BF16_PANEL_MIN_ROWS, 33, 130])
+@pytest.mark.parametrize("rows", [0, 33, 130])
 def test_many_rows_take_the_packed_panels(monkeypatch, gen, rows):
     kernels = prepack_kernels(monkeypatch, True)
-    assert kernels.bf16_prepack
+    rows = rows or kernels.bf16_panel_min_rows
     weight = kernels.prepare_linear(q4_1(200, 96, gen), "gguf")
     x = torch.randn(rows, 96, generator=gen).bfloat16()
     bias = torch.randn(200, generator=gen)
@@ -57,12 +56,12 @@ def test_many_rows_take_the_packed_panels(monkeypatch, gen, rows):
 def test_few_rows_and_prepack_off_dequantize_per_product(monkeypatch, gen):
     kernels = prepack_kernels(monkeypatch, True)
     weight = kernels.prepare_linear(q4_1(64, 96, gen), "gguf")
-    kernels.linear(torch.randn(BF16_PANEL_MIN_ROWS - 1, 96, generator=gen).bfloat16(), weight)
-    kernels.linear(torch.randn(BF16_PANEL_MIN_ROWS, 96, generator=gen), weight)  # float32: no panels
+    kernels.linear(torch.randn(kernels.bf16_panel_min_rows - 1, 96, generator=gen).bfloat16(), weight)
+    kernels.linear(torch.randn(kernels.bf16_panel_min_rows, 96, generator=gen), weight)  # float32: no panels
     assert not weight.panels
 
     off = prepack_kernels(monkeypatch, False)
-    assert not off.bf16_prepack
+    assert off.bf16_panel_min_rows == 0
     weight = off.prepare_linear(q4_1(64, 96, gen), "gguf")
     x = torch.randn(40, 96, generator=gen).bfloat16()
     out = off.linear(x, weight)

@@ -94,7 +94,9 @@ class NativeCpuKernels(QuantLinearMixin, Kernels):
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.quantize_activations = quantize_activations
         self.moe_prepack = moe_prepack
-        self.bf16_prepack = bf16_prepack and bool(self.lib.linear_bf16w_ready()) and "amx" not in self.lib.isa
+        #: bfloat16 products of this many rows or more take a GGUF/int8 weight's packed panels; 0: never
+        #: (``CPU_BF16_PREPACK`` off, or a library that keeps the weight's own format: native/src/encoder.cpp)
+        self.bf16_panel_min_rows = self.lib.bf16_panel_min_rows() if bf16_prepack else 0
 
     @property
     def isa(self) -> str:

@@ -126,6 +126,7 @@ _SIGNATURES = {
     # (native/src/encoder.cpp; plugins/cpu_native/bf16.py packs w)
     "linear_bf16w": (c_int, [_P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
     "linear_bf16w_ready": (c_int, []),
+    "bf16_panel_min_rows": (c_int, []),
     # dtype, x, x_stride, rows, a, r_total, in, row_slots, h, nthreads (native/src/lora.cpp)
     "lora_shrink": (c_int, [c_int, _P, c_long, c_long, _P, c_long, c_long, _P, _P, c_int]),
     # dtype, y, y_stride, h, h_stride, b, n, rank, row_slots, rows, num_slots, nthreads

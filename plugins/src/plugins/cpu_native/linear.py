@@ -90,14 +90,6 @@ def native_rows(
     return x2, bias, bias_arg
 
 
-#: bfloat16 products of this many activation rows or more take a GGUF/int8 weight's packed bfloat16
-#: panels where the kernels prepack them (``CPU_BF16_PREPACK``; native/src/decode.cpp's kBf16wMinRows
-#: makes the same choice): from here the products are compute-bound, and vdpbf16ps on weights
-#: packed once outruns dequantizing them per product (Zen 4, 2 threads: 8 rows of 960x576 1.3x,
-#: 32 rows of 3072x576 1.5x the Q4_1 path)
-BF16_PANEL_MIN_ROWS = 8
-
-
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight prepared for :meth:`QuantLinearMixin.linear`.
@@ -258,11 +250,11 @@ class QuantLinearMixin:
         return pack_bf16(weight)
 
     def bf16_panels(self, w: QuantizedWeight) -> Bf16Weight | None:
-        """``w`` rounded to bfloat16 and packed for bfloat16 products of :data:`BF16_PANEL_MIN_ROWS`
+        """``w`` rounded to bfloat16 and packed for bfloat16 products of ``bf16_panel_min_rows``
         or more rows (made on the first call, kept with ``w``: 2 bytes a weight), or None where the
-        kernels do not prepack (``bf16_prepack`` off) or ``w`` takes its activations transformed
+        kernels do not prepack (``bf16_panel_min_rows`` 0) or ``w`` takes its activations transformed
         (act-order, FP8 rounding, int8 activations)."""
-        if not self.bf16_prepack or w.perm is not None or w.fp8_activations is not None or w.in_features % 32:
+        if not self.bf16_panel_min_rows or w.perm is not None or w.fp8_activations is not None or w.in_features % 32:
             return None
         if w.interleaved and not w.act16:
             return None
@@ -288,7 +280,7 @@ class QuantLinearMixin:
             if weight.fp8_activations is not None:
                 rounded = round_activations(x.float(), weight.fp8_activations, weight.input_scale)
                 return self._quantized_linear(rounded.contiguous(), weight, bias).to(x.dtype)
-            if x.dtype == torch.bfloat16 and x.numel() >= BF16_PANEL_MIN_ROWS * weight.in_features:
+            if x.dtype == torch.bfloat16 and x.numel() >= self.bf16_panel_min_rows * weight.in_features:
                 panels = self.bf16_panels(weight)
                 if panels is not None:
                     return self._bf16_linear(x, panels, bias)
