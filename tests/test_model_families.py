@@ -2,13 +2,20 @@
 
 Tiny random-weight checkpoints with the default model's vocabulary, prompted with text through
 its tokenizer: Hugging Face folders, and GGUF files (llama.cpp's tensor names, Q8_0 linears and
-stacked experts) for Qwen3, Qwen3-MoE and Mixtral. Greedy tokens must equal transformers', or
+stacked experts) for Qwen3, Qwen3-MoE and Mixtral, and a Mixtral file written by llama.cpp's own
+``convert_hf_to_gguf.py`` (its tokenizer too). Greedy tokens must equal transformers', or
 at the first difference each side's token must be in the other's top 5 (logprobs within 1e-3).
 On the CPU plugins every step is one native call (the fused decoder: q/k head norms, routing and
 experts in it), alone and under ``-tp 2``.
 """
 
 from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -192,6 +199,43 @@ def test_gguf_matches_transformers(family, tokenizer, tmp_path, monkeypatch):
     assert type(llm.engine.loaded.model).__name__ == type(hf_model).__name__
     fused_only(llm, monkeypatch)
     check(llm, hf_model, prompt_token_ids=[tokenizer(text).input_ids for text in TEXTS])
+
+
+def llamacpp_converter() -> Path | None:
+    """llama.cpp's ``convert_hf_to_gguf.py`` in the bench cache (bench/llamacpp.py's build of llama.cpp,
+    ``CORE_BENCH_CACHE`` or ``~/.cache/core-bench``), or None."""
+    cache = Path(os.environ.get("CORE_BENCH_CACHE", Path.home() / ".cache" / "core-bench"))
+    found = sorted(glob.glob(str(cache / "src" / "*" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py")))
+    return Path(found[-1]) if found else None
+
+
+def test_llamacpp_converted_mixtral_matches_transformers(tokenizer, tmp_path, monkeypatch):
+    """A Mixtral folder through llama.cpp's converter (``--outtype q8_0``): the file as llama.cpp
+    writes it (per-expert w1/w2/w3 stacked into ``ffn_{gate,up,down}_exps``, its q/k row order, the
+    router kept float32, the vocabulary from the folder's tokenizer) loads, tokenizes the prompts
+    itself and follows transformers on the same (Q8_0-rounded) weights."""
+    convert = llamacpp_converter()
+    if convert is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not in the bench cache (python bench/moe.py fetches it)")
+    hf_model = build("mixtral", tokenizer)
+    for param in hf_model.parameters():
+        if param.dim() >= 2:
+            _round_trip(param)  # the converter's Q8_0 of these numbers gives them back
+    folder, path = tmp_path / "folder", tmp_path / "mixtral.gguf"
+    hf_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    done = subprocess.run([sys.executable, str(convert), str(folder), "--outtype", "q8_0", "--outfile", str(path)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    stacks = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors if "_exps" in t.name}
+    assert stacks and set(stacks.values()) == {"Q8_0"}, stacks
+    llm = LLM(model=str(path), device="auto", dtype="float32", max_model_len=256, kv_cache_bytes=1 << 24)
+    assert type(llm.engine.loaded.model).__name__ == "MixtralForCausalLM"
+    fused_only(llm, monkeypatch)
+    assert [o.prompt_token_ids for o in llm.generate(TEXTS, SamplingParams(max_tokens=1), use_tqdm=False)] == [
+        tokenizer(text).input_ids for text in TEXTS
+    ]
+    check(llm, hf_model, prompts=TEXTS)
 
 
 @pytest.mark.slow  # two spawned workers a run
