@@ -1,8 +1,9 @@
 """Mixture-of-experts decode and throughput: a ~1B Qwen3-MoE of random weights (8 experts, 2 active)
 through this engine, transformers and llama.cpp, in one invocation.
 
-    python bench/moe.py [--threads 2] [--rounds 3] [--formats F16,Q8_0,Q4_0] [--decode-tokens 32]
-                        [--streams 32] [--prompt 32] [--tokens 32] [--results bench/RESULTS.md]
+    python bench/moe.py [--threads 2] [--decode-rounds 5] [--rounds 3] [--formats F16,Q8_0,Q4_0]
+                        [--decode-tokens 32] [--streams 32] [--prompt 32] [--tokens 32]
+                        [--results bench/RESULTS.md]
 
 The model (made once under ``~/.cache/core-bench/moe-qwen3``, ``CORE_BENCH_CACHE``): a
 ``Qwen3MoeConfig`` with the default model's tokenizer (49152 ids), hidden 1024, 24 layers, all
@@ -12,7 +13,8 @@ embeddings: 1.02B parameters, 0.34B active per token (lm_head included). Random 
 llama.cpp's own ``convert_hf_to_gguf.py --outtype f16`` and quantized by ``llama-quantize
 --pure`` to each of ``--formats`` (the cached build of bench/llamacpp.py).
 
-Measured, each system in its own process (loaded once), alternating within each round:
+Measured, each system in its own process (loaded once), alternating within each round (the
+order reversed every other round, so neither side always runs first):
 
 * the folder (float32): this engine vs transformers (``torch.set_num_threads(--threads)``):
   batch-1 decode (``--decode-tokens`` after a 16-token prompt, best of two a round) and
@@ -24,7 +26,10 @@ Measured, each system in its own process (loaded once), alternating within each 
   top_k / num_experts, the rest whole, the tied embedding as lm_head) over the copy
   bandwidth (bench/floors.py).
 
-Each figure is the median over rounds of the per-round ratio; the table goes to stdout and,
+The batch-1 decode figures take ``--decode-rounds`` rounds of their own (at least 3, default 5:
+one decode is a few seconds, and a single pair of rounds moved a ratio by 20% on this shared
+machine), the stream figures ``--rounds``. Each figure is the median over rounds, each ratio the
+median of the per-round ratios; the table goes to stdout and,
 with ``--results``, into that file's ``moe`` section. transformers' 32 streams are the slow part
 (float32, ~1 output tok/s at load 15 here): expect half an hour or more for the defaults. Not for CI.
 """
@@ -252,14 +257,22 @@ def llama_batched(bench: Path, model: Path, threads: int, streams: int, prompt: 
 
 
 def run_rounds(rounds: int, steps: dict) -> dict[str, list[float]]:
-    """Each step (name -> zero-argument call) once a round, in order; every value and the load at each round."""
+    """Each step (name -> zero-argument call) once a round, in order on even rounds and in reverse on
+    odd ones; every value and the load at each round (as ``load``)."""
     values: dict[str, list[float]] = {name: [] for name in steps} | {"load": []}
     for number in range(rounds):
         values["load"].append(os.getloadavg()[0])
-        for name, step in steps.items():
+        for name, step in list(steps.items())[:: 1 if number % 2 == 0 else -1]:
             values[name].append(step())
         print(f"round {number + 1}: {json.dumps({k: round(v[-1], 2) for k, v in values.items()})}", file=sys.stderr)
     return values
+
+
+def decode_then_batch(decode_rounds: int, rounds: int, decode: dict, batch: dict) -> dict[str, list[float]]:
+    """The decode steps' rounds, then the batch steps' rounds (:func:`run_rounds`); the loads as
+    ``decode load`` and ``batch load``."""
+    first, second = run_rounds(decode_rounds, decode), run_rounds(rounds, batch)
+    return first | second | {"decode load": first.pop("load"), "batch load": second.pop("load")}
 
 
 def median_ratio(values: dict[str, list[float]], a: str, b: str) -> float:
@@ -269,7 +282,8 @@ def median_ratio(values: dict[str, list[float]], a: str, b: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--decode-rounds", type=int, default=5, help="rounds of the batch-1 decode figures (>= 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the stream figures")
     parser.add_argument("--formats", default="F16,Q8_0,Q4_0")
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--streams", type=int, default=32)
@@ -283,6 +297,8 @@ def main() -> int:
     if a.worker:
         worker_main(a.worker, a.model, a.threads)
         return 0
+    if a.decode_rounds < 3:
+        parser.error(f"--decode-rounds takes 3 or more (a median of alternating rounds), got {a.decode_rounds}")
 
     from core.bench.stats import random_prompts
     from floors import machine_info, memory_bandwidth
@@ -301,37 +317,40 @@ def main() -> int:
     # the float32 folder: this engine vs transformers
     active, total = active_bytes_folder(folder)
     with Worker("core", folder, a.threads) as core:
-        steps = {"core decode": lambda: core.ask("decode", tokens=a.decode_tokens),
-                 "core batch": lambda: core.ask("batch", prompts=prompts, tokens=a.tokens)}  # fmt: skip
+        decode = {"core decode": lambda: core.ask("decode", tokens=a.decode_tokens)}
+        batch = {"core batch": lambda: core.ask("batch", prompts=prompts, tokens=a.tokens)}
         if a.no_hf:
-            values = run_rounds(a.rounds, steps)
+            values = decode_then_batch(a.decode_rounds, a.rounds, decode, batch)
         else:
             with Worker("hf", folder, a.threads) as hf:
                 ours, theirs = (w.ask("greedy", prompt=DECODE_PROMPT, tokens=GREEDY_TOKENS) for w in (core, hf))
                 same = next((i for i, (x, y) in enumerate(zip(ours, theirs, strict=True)) if x != y), None)
                 notes.append(f"greedy {GREEDY_TOKENS} tokens on the folder, core vs transformers: "
                              + ("equal" if same is None else f"first difference at token {same}"))  # fmt: skip
-                steps = {"hf decode": lambda: hf.ask("decode", tokens=a.decode_tokens), **steps,
-                         "hf batch": lambda: hf.ask("batch", prompts=prompts, tokens=a.tokens)}  # fmt: skip
-                values = run_rounds(a.rounds, steps)
+                decode["hf decode"] = lambda: hf.ask("decode", tokens=a.decode_tokens)
+                batch["hf batch"] = lambda: hf.ask("batch", prompts=prompts, tokens=a.tokens)
+                values = decode_then_batch(a.decode_rounds, a.rounds, decode, batch)
     rows.append(("folder (float32)", active, total, values, "hf"))
 
     for fmt, path in files.items():
         active, total = active_bytes_gguf(path)
         with Worker("core-gguf", path, a.threads) as core:
-            steps = {
+            decode = {
                 "llama decode": lambda path=path: llama_tg(tools["llama-bench"], path, a.threads),
                 "core decode": lambda core=core: core.ask("decode", tokens=a.decode_tokens),
+            }
+            batch = {
                 "llama batch": lambda path=path: llama_batched(batched, path, a.threads, a.streams, a.prompt, a.tokens),
                 "core batch": lambda core=core: core.ask("batch", prompts=prompts, tokens=a.tokens),
             }
-            rows.append((f"GGUF {fmt}", active, total, run_rounds(a.rounds, steps), "llama"))
+            values = decode_then_batch(a.decode_rounds, a.rounds, decode, batch)
+            rows.append((f"GGUF {fmt}", active, total, values, "llama"))
 
     table = render(rows, bandwidth, a.streams)
     info = machine_info()
     header = (
         f"- date: {started.isoformat(timespec='seconds')}; command: `python bench/{Path(__file__).name} "
-        f"{' '.join(sys.argv[1:])}`\n- CPU: {info['cpu']} ({info['flags']}), {a.threads} threads; "
+        f"{' '.join(sys.argv[1:])}` (decode rounds: {a.decode_rounds}, stream rounds: {a.rounds})\n- CPU: {info['cpu']} ({info['flags']}), {a.threads} threads; "
         f"copy bandwidth {bandwidth / 1e9:.1f} GB/s; load average (1 min) before / after: "
         f"{load_before:.1f} / {os.getloadavg()[0]:.1f}\n"
         f"- model: Qwen3-MoE, random weights: {json.dumps(SHAPE)}, vocab {config['vocab_size']}\n"
@@ -352,8 +371,9 @@ def render(rows: list, bandwidth: float, streams: int) -> str:
     """The markdown table: per model form, medians over rounds (ratios are medians of per-round ratios)."""
     lines = [
         "| weights | total / active MB | active floor tok/s | core decode tok/s | / floor | baseline decode | core / baseline "
-        f"| core {streams}-stream tok/s | baseline {streams}-stream | core / baseline | load at each round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| core {streams}-stream tok/s | baseline {streams}-stream | core / baseline | load at each decode round "
+        "| core / baseline decode each round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, active, total, values, other in rows:
         floor = bandwidth / active
@@ -375,7 +395,12 @@ def render(rows: list, bandwidth: float, streams: int) -> str:
                 cells += ["n/a", "n/a"]
             if kind == "decode":
                 cells.append(f"{statistics.median(values['core batch']):.1f}")
-        cells.append(", ".join(f"{x:.1f}" for x in values["load"]))
+        cells.append(", ".join(f"{x:.1f}" for x in values["decode load"]))
+        if f"{other} decode" in values:
+            pairs = zip(values["core decode"], values[f"{other} decode"], strict=True)
+            cells.append(", ".join(f"{x / y:.2f}" for x, y in pairs))
+        else:
+            cells.append("n/a")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

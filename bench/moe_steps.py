@@ -1,6 +1,6 @@
 """Per-step times of Qwen3-MoE models on the CPU: the fused native decoder against the eager forward.
 
-    python bench/moe_steps.py [--models tiny,bench,bench-q8] [--rounds 5] [--decode-steps 32]
+    python bench/moe_steps.py [--models tiny,bench,bench-q8,bench-q4] [--rounds 5] [--decode-steps 32]
 
 Three ways through each model, in one invocation, alternating within each round:
 
@@ -15,8 +15,8 @@ Workloads: batch-1 decode steps after a 16-token prompt, decode steps of 16 sequ
 128-token prompt's prefill step; each the median step time of a round (ms). Models: ``tiny``, a
 Qwen3-MoE of the test families' proportions made here (hidden 256, 4 layers, 8 experts of 256, top
 2); ``bench``, bench/moe.py's ~1B float32 folder (hidden 1024, 24 layers, 8 experts of 1536, top 2;
-made by bench/moe.py's ``ensure_model`` when missing); ``bench-q8``, its Q8_0 GGUF made by
-bench/moe.py (``--formats Q8_0``), skipped when missing. Each figure is the median over rounds;
+made by bench/moe.py's ``ensure_model`` when missing); ``bench-q8`` and ``bench-q4``, its Q8_0 and
+Q4_0 GGUF files made by bench/moe.py (``--formats Q8_0,Q4_0``), each skipped when missing. Each figure is the median over rounds;
 ratios are the median of the per-round ratios. Not for CI.
 """
 
@@ -70,7 +70,10 @@ def model_path(name: str) -> Path | None:
     folder = moe.ensure_model()
     if name == "bench":
         return folder
-    path = folder.parent / f"{folder.name}.Q8_0.gguf"
+    formats = {"bench-q8": "Q8_0", "bench-q4": "Q4_0"}
+    if name not in formats:
+        raise SystemExit(f"--models: unknown model {name!r} (tiny, bench, {', '.join(formats)})")
+    path = folder.parent / f"{folder.name}.{formats[name]}.gguf"
     return path if path.exists() else None
 
 
@@ -177,7 +180,7 @@ def report(name: str, times: dict[str, dict[str, list[float]]]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny,bench,bench-q8")
+    p.add_argument("--models", default="tiny,bench,bench-q8,bench-q4")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -193,7 +196,7 @@ def main() -> int:
     for name in args.models.split(","):
         path = model_path(name)
         if path is None:
-            print(f"{name}: no model file (run bench/moe.py --formats Q8_0 first); skipped", flush=True)
+            print(f"{name}: no model file (run bench/moe.py --formats Q8_0,Q4_0 first); skipped", flush=True)
             continue
         tables.append(report(name, bench_model(name, path, args.rounds, args.decode_steps)))
         print(tables[-1], flush=True)
