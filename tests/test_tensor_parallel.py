@@ -70,8 +70,8 @@ def test_killed_worker_ends_the_engine_naming_its_rank(split, tmp_path):
     build("llama", tmp_path)
     llm = LLM(model=str(tmp_path), device=ReferencePlatform(), dtype="float32", skip_tokenizer_init=True,
               max_model_len=128, kv_cache_bytes=1 << 22, **split)  # fmt: skip
-    procs = list(llm.engine.executor.procs)
-    os.kill(procs[1].pid, signal.SIGKILL)
+    procs = list(llm.engine.executor.procs)  # under tensor parallelism alone rank 0 runs in this process
+    os.kill(procs[-1].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 1") as info:
         llm.generate(prompt_token_ids=PROMPTS, sampling_params=PARAMS, use_tqdm=False)

@@ -12,7 +12,9 @@
 // a slot go through in slot-sized pieces, one seq each. Sums run in rank order, in float32,
 // on every rank: the ranks' results are identical bit for bit (their residual streams
 // must not drift apart). A waiting rank spins briefly (the others are usually
-// microseconds behind in a decode step), then sleeps on the flag's futex.
+// microseconds behind in a decode step), then sleeps on the flag's futex. A rank that
+// learns a peer died (its process's owner watches it) aborts the buffer: every waiting
+// and later collective of every rank then fails at once instead of at the timeout.
 // Built for the target's baseline ISA.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -39,7 +41,10 @@ const long kSleepNs = 50 * 1000 * 1000;             // a sleep's limit: the dead
 
 struct Header {  // the buffer's first line
   std::atomic<uint32_t> sleepers;  // ranks asleep (or about to be) on some flag's futex
+  std::atomic<uint32_t> aborted;   // set by ck_shm_abort: no collective waits any more
 };
+
+enum Wait { kArrived, kLate, kAborted };
 
 struct Ctx {
   char *base;
@@ -73,18 +78,19 @@ char *slot(const Ctx *c, uint32_t parity, int rank) {
 // whether a flag holding `value` has reached collective `seq` (modulo 2^32)
 bool reached(uint32_t value, uint32_t seq) { return (int32_t)(value - seq) >= 0; }
 
-// Wait until rank's flag of seq's parity reaches seq. Returns false at the deadline.
-bool wait_for(const Ctx *c, int rank, uint32_t seq, std::chrono::steady_clock::time_point deadline) {
+// Wait until rank's flag of seq's parity reaches seq, the deadline, or an abort.
+Wait wait_for(const Ctx *c, int rank, uint32_t seq, std::chrono::steady_clock::time_point deadline) {
   std::atomic<uint32_t> *f = flag(c, seq & 1, rank);
+  Header *h = header(c);
   const auto spin_until = std::chrono::steady_clock::now() + kSpin;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      if (reached(f->load(std::memory_order_acquire), seq)) return true;
+      if (reached(f->load(std::memory_order_acquire), seq)) return kArrived;
       cpu_relax();
     }
+    if (h->aborted.load(std::memory_order_relaxed)) return kAborted;
     if (std::chrono::steady_clock::now() >= spin_until) break;
   }
-  Header *h = header(c);
   for (;;) {
     h->sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = f->load(std::memory_order_seq_cst);
@@ -93,13 +99,15 @@ bool wait_for(const Ctx *c, int rank, uint32_t seq, std::chrono::steady_clock::t
       syscall(SYS_futex, (uint32_t *)f, FUTEX_WAIT, seen, &limit, nullptr, 0);
     }
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(f->load(std::memory_order_acquire), seq)) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (reached(f->load(std::memory_order_acquire), seq)) return kArrived;
+    if (h->aborted.load(std::memory_order_seq_cst)) return kAborted;
+    if (std::chrono::steady_clock::now() >= deadline) return kLate;
   }
 }
 
 // Publish this rank's part of collective seq (already in its slot) and wait for every
-// rank's. Returns 0, or 1 + the first rank that did not arrive within the timeout.
+// rank's. Returns 0, 1 + the first rank that did not arrive within the timeout, or
+// 1 + world_size + the rank awaited when the buffer was aborted.
 int exchange(const Ctx *c, uint32_t seq) {
   std::atomic<uint32_t> *mine = flag(c, seq & 1, c->rank);
   mine->store(seq, std::memory_order_seq_cst);
@@ -108,8 +116,14 @@ int exchange(const Ctx *c, uint32_t seq) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(c->timeout_s));
-  for (int r = 0; r < c->world_size; ++r)
-    if (r != c->rank && !wait_for(c, r, seq, deadline)) return 1 + r;
+  for (int r = 0; r < c->world_size; ++r) {
+    if (r == c->rank) continue;
+    switch (wait_for(c, r, seq, deadline)) {
+      case kArrived: break;
+      case kLate: return 1 + r;
+      case kAborted: return 1 + c->world_size + r;
+    }
+  }
   return 0;
 }
 
@@ -165,8 +179,18 @@ void *ck_shm_open(void *base, int rank, int world_size, long capacity, double ti
 
 void ck_shm_close(void *ctx) { free(ctx); }
 
+// Make every rank's waiting and later collectives on this buffer fail (a peer died):
+// they return 1 + world_size + the rank they awaited.
+void ck_shm_abort(void *ctx) {
+  Ctx *c = (Ctx *)ctx;
+  header(c)->aborted.store(1, std::memory_order_seq_cst);
+  for (uint32_t parity = 0; parity < 2; ++parity)
+    for (int r = 0; r < c->world_size; ++r)
+      syscall(SYS_futex, (uint32_t *)flag(c, parity, r), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 // Sum buf (count elements of dtype 0: float32 or 1: bfloat16) over the ranks, in place.
-// Returns 0, -1 for another dtype, or 1 + the first rank that did not arrive in time.
+// Returns 0, -1 for another dtype, or a failure code of exchange.
 int ck_shm_all_reduce(void *ctx, void *buf, long count, int dtype) {
   Ctx *c = (Ctx *)ctx;
   if (dtype != kF32 && dtype != kBF16) return -1;
@@ -186,7 +210,7 @@ int ck_shm_all_reduce(void *ctx, void *buf, long count, int dtype) {
 }
 
 // Every rank's bytes of `in`, in rank order, into out (world_size * bytes).
-// Returns 0, or 1 + the first rank that did not arrive in time.
+// Returns 0, or a failure code of exchange.
 int ck_shm_all_gather(void *ctx, const void *in, long bytes, void *out) {
   Ctx *c = (Ctx *)ctx;
   for (long start = 0; start < bytes; start += c->capacity) {

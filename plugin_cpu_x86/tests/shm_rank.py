@@ -7,6 +7,7 @@ saves what it saw to OUT (``torch.save``); the test compares the two ranks' file
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import torch
@@ -64,6 +65,28 @@ def timeout(rank: int, address: str) -> dict:
         comm.close()
 
 
+def abort(rank: int, address: str) -> dict:
+    """Rank 1 arrives late; a thread of rank 0 aborts the buffer while rank 0 waits for it (a peer
+    died): rank 0's all-reduce raises at once, rank 1's first completes (rank 0's part was there),
+    its second raises without waiting for the timeout."""
+    comm = SharedMemoryCommunicator(CpuX86Platform().kernels.lib, rank, WORLD, address, timeout_s=30.0)
+    errors = []
+    try:
+        if rank == 0:
+            threading.Timer(0.5, comm.abort).start()
+        else:
+            time.sleep(1.5)
+        start = time.monotonic()
+        for _ in range(rank + 1):
+            try:
+                comm.all_reduce(torch.ones(8))
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        return {"errors": errors, "waited_s": time.monotonic() - start}
+    finally:
+        comm.close()
+
+
 def fused(rank: int, address: str, model_dir: str) -> dict:
     """This rank's shard of a tiny model: the fused decoder (all-reduces in its layer loop)
     against the eager forward (all-reduces from Python) over prefill and decode steps."""
@@ -104,6 +127,8 @@ def main() -> None:
         result = fused(rank, address, sys.argv[5])
     elif case == "timeout":
         result = timeout(rank, address)
+    elif case == "abort":
+        result = abort(rank, address)
     else:
         result = collectives(rank, address, separate_hosts=case == "hosts")
     torch.save(result, out)

@@ -91,6 +91,14 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout(tmp_path):
     assert result["waited_s"] >= 2.9
 
 
+def test_an_abort_ends_every_rank_s_wait_at_once(tmp_path):
+    first, second = run_ranks(tmp_path, "abort")
+    assert first["errors"] == ["all_reduce on rank 0: aborted waiting for rank 1"]
+    assert first["waited_s"] < 10
+    assert second["errors"] == ["all_reduce on rank 1: aborted waiting for rank 0"]
+    assert second["waited_s"] < 10
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     torch.manual_seed(0)

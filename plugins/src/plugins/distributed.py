@@ -137,6 +137,13 @@ class Communicator:
         dist.recv(tensor, group=self.group, group_src=src)
         return tensor
 
+    def abort(self) -> None:
+        """Called from another thread of this process when a peer rank has died: make this rank's
+        waiting and later collectives raise rather than wait for it. Default: nothing, as gloo's
+        collectives already raise when a peer's connection closes; a communicator whose ranks
+        wait on shared memory overrides it.
+        """
+
     def close(self) -> None:
         """Leave this communicator's group, and the process group if this communicator joined
         it (idempotent; close a process's other communicators first)."""

@@ -34,4 +34,4 @@ def make_executor(
         )
     if config.distributed_executor_backend == "ray":
         return RayExecutor(platform, config, load_tokenizer)
-    return MultiprocExecutor(platform, config, load_tokenizer)
+    return MultiprocExecutor(platform, config, model, load_tokenizer)

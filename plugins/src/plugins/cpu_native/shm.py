@@ -73,6 +73,7 @@ class SharedMemoryCommunicator(Communicator):
             ("ck_shm_size", c_long, [c_int, c_long]),
             ("ck_shm_open", c_void_p, [c_void_p, c_int, c_int, c_long, c_double]),
             ("ck_shm_close", None, [c_void_p]),
+            ("ck_shm_abort", None, [c_void_p]),
             ("ck_shm_all_reduce", c_int, [c_void_p, c_void_p, c_long, c_int]),
             ("ck_shm_all_gather", c_int, [c_void_p, c_void_p, c_long, c_void_p]),
         ):
@@ -143,10 +144,18 @@ class SharedMemoryCommunicator(Communicator):
         return ctypes.cast(self._lib.ck_shm_all_reduce, c_void_p).value, self._ctx
 
     def _check(self, status: int, op: str) -> None:
+        if status > self.world_size:
+            raise RuntimeError(f"{op} on rank {self.rank}: aborted waiting for rank {status - 1 - self.world_size}")
         if status:
             raise RuntimeError(
                 f"{op} on rank {self.rank}: rank {status - 1} did not reach it within {self.timeout_s:.0f} s"
             )
+
+    def abort(self) -> None:
+        """Make every rank's waiting and later shared-buffer collectives raise at once (a peer
+        died); gloo's raise by themselves."""
+        if self._ctx is not None:
+            self._lib.ck_shm_abort(self._ctx)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over all ranks, in place; returns it."""
