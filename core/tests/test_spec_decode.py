@@ -139,7 +139,10 @@ def test_a_sequence_that_accepts_nothing_backs_off():
     from core.sampling_params import SamplingParams
     from core.spec_decode import SpecDecoder
 
-    spec = SpecDecoder(SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2}), 256)
+    # matches of 2 tokens at most: weaker than STRONG_MATCH, so the back-off holds
+    spec = SpecDecoder(
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}), 256
+    )
     seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5] * 4, SamplingParams(max_tokens=100), 0.0)
     proposed = []
     for _ in range(40):
@@ -154,6 +157,31 @@ def test_a_sequence_that_accepts_nothing_backs_off():
     assert (
         spec.propose([], _no_grammar) == {} and not spec._waits and not spec._misses
     )  # a finished sequence leaves nothing
+
+
+def test_ngram_draft_length_follows_acceptance_and_strong_matches_skip_the_back_off():
+    from core.sampling_params import SamplingParams
+    from core.spec_decode import SpecDecoder, decoder
+
+    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 8}
+    spec = SpecDecoder(SpeculativeConfig.from_dict(config), 256)
+    seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5, 6, 7] * 3, SamplingParams(max_tokens=100), 0.0)
+    lengths = []
+    for accepted in (1, 2, 1, 0):  # of the drafts proposed: 4, then 2 (1 + 1), 4 (a whole run doubles), 2
+        drafts = spec.propose([seq], _no_grammar)[seq.seq_id]
+        assert drafts == [1, 2, 3, 4][: len(drafts)]  # what followed the 8-token suffix
+        lengths.append(len(drafts))
+        spec.record(seq.seq_id, len(drafts), accepted if accepted < len(drafts) else len(drafts))
+    assert lengths == [4, 2, 4, 2]
+    # backing off after a run with none accepted, yet the 8-token suffix recurs: drafts (of 1)
+    assert spec._waits[seq.seq_id] == 2 and decoder.STRONG_MATCH <= 8
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1]}
+    # a weak match (2 tokens: [8, 1] recurs only as a pair) waits out the back-off
+    weak = Sequence(next(_ids), "w", [8, 1, 9, 9, 9, 9, 2, 8, 1], SamplingParams(max_tokens=100), 0.0)
+    spec.propose([weak], _no_grammar)
+    spec.record(weak.seq_id, 1, 0)
+    assert spec.propose([weak], _no_grammar) == {} and spec.propose([weak], _no_grammar) == {}
+    assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9]}
 
 
 def _no_grammar(seq: Sequence) -> None:

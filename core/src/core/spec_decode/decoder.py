@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from core.sequence import Sequence as Seq
 from core.spec_decode.config import SpeculativeConfig
 from core.spec_decode.draft_model import PENDING, DraftModel
-from core.spec_decode.ngram import propose_ngram
+from core.spec_decode.ngram import find_ngram
 from core.structured.backends import Matcher
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 LOG_INTERVAL_S = 10.0
 #: most steps a sequence goes without drafts after runs that accepted none
 MAX_BACKOFF_STEPS = 32
+#: an n-gram match of this many tokens or more proposes drafts even while its sequence backs off
+STRONG_MATCH = 3
 
 
 class SpecDecoder:
@@ -42,7 +44,11 @@ class SpecDecoder:
     Speculation is skipped where it does not pay: after ``m`` runs in a row with no draft
     accepted, a sequence proposes nothing for ``2 ** m`` steps (at most
     :data:`MAX_BACKOFF_STEPS`), so text that never repeats itself is rarely verified at k + 1
-    positions; one accepted draft ends the back-off.
+    positions; one accepted draft ends the back-off. N-gram drafts also adapt to each
+    sequence's acceptance history and to the match: a run accepted whole doubles the
+    sequence's draft length (up to ``num_speculative_tokens``), a run cut short sets it to the
+    accepted drafts and one more; and a match of :data:`STRONG_MATCH` tokens or more (text
+    being copied again) proposes even during a back-off.
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
@@ -63,6 +69,7 @@ class SpecDecoder:
         self._logged = (0, 0)  # (draft tokens, accepted) at the last log line
         self._misses: dict[int, int] = {}  # seq_id -> runs in a row that accepted nothing
         self._waits: dict[int, int] = {}  # seq_id -> steps left without drafts
+        self._lengths: dict[int, int] = {}  # seq_id -> its n-gram draft length now (else num_speculative_tokens)
 
     def propose(self, seqs: Iterable[Seq], matcher: Callable[[Seq], Matcher | None]) -> dict[int, list[int]]:
         """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
@@ -79,24 +86,33 @@ class SpecDecoder:
         seqs = list(seqs)
         if self.draft is not None:
             self.draft.keep(seq.seq_id for seq in seqs)
-        # only sequences still decoding keep their back-off (finished ones leave no entry behind)
+        # only sequences still decoding keep their state (finished ones leave no entry behind)
         (waits, self._waits), (misses, self._misses) = (self._waits, {}), (self._misses, {})
+        lengths, self._lengths = self._lengths, {}
         for seq in seqs:
             if seq.seq_id in misses:
                 self._misses[seq.seq_id] = misses[seq.seq_id]
+            if seq.seq_id in lengths:
+                self._lengths[seq.seq_id] = lengths[seq.seq_id]
             wait = waits.get(seq.seq_id, 0)
+            n, start = 0, -1
+            if self.draft is None:  # backing off: only a strong match proposes
+                shortest = c.prompt_lookup_min if wait == 0 else max(c.prompt_lookup_min, STRONG_MATCH)
+                n, start = find_ngram(seq.token_ids, shortest, c.prompt_lookup_max)
             if wait > 0:
                 self._waits[seq.seq_id] = wait - 1
-                continue
+                if not n:
+                    continue
             grammar = matcher(seq)
             if grammar is not None and not grammar.can_rollback:
                 continue
             room = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
-            k = min(c.num_speculative_tokens, room)
-            if k > 0 and self.draft is not None:
-                drafts[seq.seq_id] = [PENDING] * k
-            elif k > 0:
-                proposal = propose_ngram(seq.token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+            if self.draft is not None:
+                if room > 0:
+                    drafts[seq.seq_id] = [PENDING] * min(c.num_speculative_tokens, room)
+            elif n and room > 0:
+                length = min(self._lengths.get(seq.seq_id, c.num_speculative_tokens), room)
+                proposal = seq.token_ids[start : start + length]
                 if proposal and grammar is not None:
                     proposal = proposal[: grammar.validate(proposal)]
                 if proposal:
@@ -111,6 +127,12 @@ class SpecDecoder:
         else:
             misses = self._misses[seq_id] = self._misses.get(seq_id, 0) + 1
             self._waits[seq_id] = min(2**misses, MAX_BACKOFF_STEPS)
+        if self.draft is None:  # the next n-gram draft length: doubled after a whole run, else what held
+            k = self.config.num_speculative_tokens
+            length = self._lengths.get(seq_id, k)
+            self._lengths[seq_id] = (
+                min(k, max(length, 2 * num_drafts)) if num_accepted == num_drafts else num_accepted + 1
+            )
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted

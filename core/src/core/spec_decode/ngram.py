@@ -7,17 +7,18 @@ from array import array
 _WIDTH = 4  # bytes of one token id in the searched buffer (int32: every vocabulary fits)
 
 
-def propose_ngram(token_ids: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``num_tokens`` drafts for ``token_ids``: the longest suffix of ``max_n`` down to
-    ``min_n`` tokens is looked up, latest occurrence first (before the suffix itself), and the
-    tokens after it are proposed; empty when no suffix recurs.
+def find_ngram(token_ids: list[int], min_n: int, max_n: int) -> tuple[int, int]:
+    """``(n, start)``: the longest suffix of ``token_ids`` of ``max_n`` down to ``min_n`` tokens
+    that occurred earlier (latest occurrence first, before the suffix itself), and where the
+    tokens after that occurrence start; ``(0, -1)`` when no such suffix recurs.
 
+    The prompt and the generated tokens are one sequence here, so a match may lie in either.
     The search runs on the ids' bytes (``bytes.rfind``, C speed); a hit that is not aligned
     to a token boundary is skipped.
     """
     length = len(token_ids)
-    if num_tokens < 1 or length < min_n + 1:
-        return []
+    if length < min_n + 1:
+        return 0, -1
     data = array("i", token_ids).tobytes()
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = data[(length - n) * _WIDTH :]
@@ -27,7 +28,15 @@ def propose_ngram(token_ids: list[int], num_tokens: int, min_n: int, max_n: int)
             if hit < 0:
                 break
             if hit % _WIDTH == 0:
-                start = hit // _WIDTH + n
-                return token_ids[start : start + num_tokens]
+                return n, hit // _WIDTH + n
             end = hit + len(suffix) - 1
-    return []
+    return 0, -1
+
+
+def propose_ngram(token_ids: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
+    """Up to ``num_tokens`` drafts for ``token_ids``: the tokens after the match
+    :func:`find_ngram` finds; empty when no suffix recurs."""
+    if num_tokens < 1:
+        return []
+    n, start = find_ngram(token_ids, min_n, max_n)
+    return token_ids[start : start + num_tokens] if n else []
