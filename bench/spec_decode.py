@@ -1,6 +1,8 @@
 """Batch-1 greedy decode with and without speculative decoding, beside llama.cpp's, on the same GGUF files.
 
-    python bench/spec_decode.py [--tokens 128] [--k 4] [--rounds 3] [--no-llamacpp]
+    python bench/spec_decode.py [--tokens 128] [--k 4] [--lookup-max 8] [--rounds 3] [--no-llamacpp]
+    python bench/spec_decode.py --profile   # one copy-heavy n-gram completion step by step
+
 
 The target is the default model (SmolLM2-135M-Instruct) as an F16 GGUF; the drafts are n-gram
 lookup and the same model as Q4_0 (both files made by ``bench/gguf_files.py``). Two chat
@@ -10,7 +12,10 @@ its tokens/s over the same round's plain run; printed: the median tokens/s and t
 over ``--rounds`` rounds, and the share of draft tokens accepted. Speculative tokens are checked
 equal to the plain run's. llama.cpp runs as ``llama-server`` (the bench cache's build) with
 ``--spec-type ngram-simple`` and ``--spec-type draft-simple -md Q4_0``, 2 threads, requests timed
-the same way (wall time of one chat completion). Not for CI.
+the same way (wall time of one chat completion); its n-gram size is ``--llamacpp-ngram-n``.
+``--profile`` prints, for one copy-heavy completion with n-gram drafts, each step's query rows,
+drafts proposed and accepted, the target step's time (forward and logits) and the host time
+around it, then the target step's time by query rows (drafts forced, all rejected). Not for CI.
 """
 
 from __future__ import annotations
@@ -68,9 +73,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    parser.add_argument("--lookup-max", type=int, default=3)
+    parser.add_argument("--lookup-max", type=int, default=8, help="prompt_lookup_max (prompt_lookup_min 1)")
+    parser.add_argument("--llamacpp-ngram-n", type=int, default=3, help="llama.cpp's --spec-ngram-simple-size-n")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="profile one copy-heavy n-gram completion")
     args = parser.parse_args()
     files = gguf_files.ensure_gguf_files(("Q4_0", "F16"))
     target, draft = str(files["F16"]), str(files["Q4_0"])
@@ -80,6 +87,9 @@ def main() -> int:
         "Q4_0 draft": {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k},
     }  # fmt: skip
     kw = dict(model=target, max_model_len=1024, max_num_seqs=1)
+    if args.profile:
+        profile(LLM(speculative_config=configs["ngram"], **kw), args)
+        return 0
     engines = {"off": LLM(**kw)} | {name: LLM(speculative_config=c, **kw) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
     rates: dict[tuple[str, str], list[float]] = {}
@@ -114,13 +124,80 @@ def main() -> int:
     return 0
 
 
+def profile(llm: LLM, args: argparse.Namespace) -> None:
+    """One copy-heavy completion with n-gram drafts, step by step, then the target step's time by query rows."""
+    engine, runner = llm.engine, llm.engine.executor.runner
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    timers: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        def call(*a, **kw):
+            started = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                timers[name] = timers.get(name, 0.0) + time.perf_counter() - started
+
+        return call
+
+    runner.forward, runner.logits = timed("forward", runner.forward), timed("logits", runner.logits)
+    engine.executor.execute = timed("execute", engine.executor.execute)
+    ngram = engine.spec.propose
+
+    def complete(propose) -> list[tuple[int, int, dict[str, float]]]:
+        """(drafts, accepted, timers) of each decode step of one completion (its prefill step left out)."""
+        engine.spec.propose = timed("propose", propose)
+        steps = []
+        prompt = engine.apply_chat_template(WORKLOADS["copy-heavy"], add_generation_prompt=True)
+        engine.add_request("profile", prompt_token_ids=prompt, params=params)
+        while engine.has_unfinished_requests():
+            timers.clear()
+            before = (engine.spec.num_draft_tokens, engine.spec.num_accepted_tokens)
+            started = time.perf_counter()
+            engine.step()
+            timers["step"] = time.perf_counter() - started
+            drafted, accepted = engine.spec.num_draft_tokens - before[0], engine.spec.num_accepted_tokens - before[1]
+            steps.append((drafted, accepted, dict(timers)))
+        return steps[1:]
+
+    complete(ngram)  # warm-up; the prompt is in the prefix cache from here on
+    steps = complete(ngram)
+    with os.popen("uptime") as up:
+        load = up.read().strip()
+    print(f"copy-heavy, n-gram k={args.k} lookup 1..{args.lookup_max}, {args.tokens} tokens; {load}")
+    print("ms; host = the step less the target's execute (propose, schedule, batch, sample, record)")
+    print(f"{'step':>4} {'rows':>4} {'drafts':>6} {'acc':>3} {'forward':>8} {'logits':>7} {'host':>6} {'propose':>8}")
+    for i, (drafted, accepted, t) in enumerate(steps):
+        host = t["step"] - t["execute"]
+        print(f"{i:>4} {drafted + 1:>4} {drafted:>6} {accepted:>3} {1e3 * t['forward']:>8.2f} "
+              f"{1e3 * t['logits']:>7.2f} {1e3 * host:>6.2f} {1e3 * t['propose']:>8.3f}")  # fmt: skip
+    tokens = sum(accepted + 1 for _, accepted, _ in steps)
+    total = sum(t["step"] for *_, t in steps)
+    print(f"{len(steps)} steps, {tokens} tokens, {tokens / total:.1f} tok/s over the decode steps")
+    print("\ntarget step by query rows (drafts forced: the last token repeated, all rejected); median ms")
+    print(f"{'rows':>4} {'forward':>8} {'logits':>7} {'host':>6} {'step':>7} {'vs 1 row':>8}")
+    one = None
+    for rows in range(1, args.k + 2):
+
+        def force(seqs, matcher, n=rows - 1):
+            return {seq.seq_id: [seq.token_ids[-1]] * n for seq in seqs} if n else {}
+
+        timing = [t for _, _, t in complete(force)]
+        med = {key: statistics.median(t[key] for t in timing) for key in ("forward", "logits", "step")}
+        host = statistics.median(t["step"] - t["execute"] for t in timing)
+        one = one or med["step"]
+        print(f"{rows:>4} {1e3 * med['forward']:>8.2f} {1e3 * med['logits']:>7.2f} {1e3 * host:>6.2f} "
+              f"{1e3 * med['step']:>7.2f} {med['step'] / one:>7.2f}x")  # fmt: skip
+    engine.spec.propose = ngram
+
+
 def llama_cpp(target: str, draft: str, args: argparse.Namespace) -> None:
     """The same workloads through llama-server, without and with each speculation type."""
     server = llamacpp.ensure_tools("llama-server")["llama-server"]
     base = [str(server), "-m", target, "--port", "{port}", "-t", "2", "-tb", "2", "-c", "2048", "-np", "1"]
     kinds = {
         "off": [],
-        "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.lookup_max),
+        "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.llamacpp_ngram_n),
                   "--spec-ngram-simple-size-m", str(args.k)],
         "Q4_0 draft": ["--spec-type", "draft-simple", "-md", draft, "--spec-draft-n-max", str(args.k), "-td", "2"],
     }  # fmt: skip
