@@ -32,10 +32,21 @@ static int expert_rows(const CKExpertProj &p, long e, long r0, long nb, const fl
   return CK_FN(linear)(p.qt, w, scales, nb, p.k, CK_F32, x, xs, rows, out, NULL, CK_F32, 1);
 }
 
-// rows of a work item over `total` rows: whole kBlockRows, about four items a thread
-static long item_rows(long total, int nthreads) {
-  const long target = (total + 4L * nthreads - 1) / (4L * nthreads);
-  const long rows = (target + kBlockRows - 1) / kBlockRows * kBlockRows;
+static long round_up(long n, long to) { return (n + to - 1) / to * to; }
+
+// rows of a work item over `parts` runs of `size` rows each (items do not cross runs): whole
+// kBlockRows. When every item costs the same per row (`even`: one pair an expert, as in batch-1
+// decode), one item a thread where the items then come out a whole number a thread: each linear
+// call starts a new weight stream whose first bytes wait on memory, and at batch 1 that start is a
+// good part of a small item's time (bench/RESULTS.md, issue 46); else about four items a thread,
+// which evens out experts with more tokens and a thread that the machine's load holds back.
+static long item_rows(long size, long parts, int nthreads, bool even) {
+  if (even) {
+    const long share = round_up((size * parts + nthreads - 1) / nthreads, kBlockRows);
+    const long rows = share < size ? share : size;
+    if (parts * ((size + rows - 1) / rows) % nthreads == 0) return rows;
+  }
+  const long rows = round_up((size * parts + 4L * nthreads - 1) / (4L * nthreads), kBlockRows);
   return rows < kBlockRows ? kBlockRows : rows;
 }
 
@@ -68,7 +79,8 @@ static int moe_pass(const CKExperts &m, int dtype, const void *x, long x_stride,
       for (long i = 0; i < hidden; ++i) dst[i] = to_f32(((const bf16_t *)src)[i]);
   }
   int failed = 0;
-  const long b1 = item_rows(num_active * inter, nthreads), blocks1 = (inter + b1 - 1) / b1;
+  const bool even = most == 1;
+  const long b1 = item_rows(inter, num_active, nthreads, even), blocks1 = (inter + b1 - 1) / b1;
   parallel_for(num_active * blocks1, 1, nthreads, true, [&](long lo, long hi) {
     for (long item = lo; item < hi; ++item) {
       const long e = active[item / blocks1], r0 = item % blocks1 * b1, nb = inter - r0 < b1 ? inter - r0 : b1;
@@ -89,7 +101,7 @@ static int moe_pass(const CKExperts &m, int dtype, const void *x, long x_stride,
       free(gu);
     }
   });
-  const long b2 = item_rows(hidden, nthreads), blocks2 = (hidden + b2 - 1) / b2;
+  const long b2 = item_rows(hidden, 1, nthreads, even), blocks2 = (hidden + b2 - 1) / b2;
   if (!failed)
     parallel_for(blocks2, 1, nthreads, true, [&](long lo, long hi) {
       float *y = (float *)malloc(sizeof(float) * most * b2);
