@@ -35,10 +35,30 @@ def test_block_size_forced_to_32():
     assert OpenVinoPlatform().check_config(engine_config(block_size=32)) == {}
 
 
-@pytest.mark.parametrize("precision,kv", [("bf16", "bfloat16"), ("f16", "float16"), ("f32", "auto")])
+@pytest.mark.parametrize("precision,kv", [("bf16", "bfloat16"), ("u8", "auto")])
 def test_kv_cache_precision(monkeypatch, precision, kv):
     monkeypatch.setenv("VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", precision)
-    assert OpenVinoPlatform().check_config(engine_config(block_size=32))["kv_cache_dtype"] == kv
+    config = engine_config(block_size=32, dtype="bfloat16")
+    assert OpenVinoPlatform().check_config(config)["kv_cache_dtype"] == kv
+
+
+@pytest.mark.parametrize("precision", ["f32", "u8"])
+def test_float32_compute_takes_f32_or_u8_caches(monkeypatch, precision):
+    monkeypatch.setenv("VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", precision)
+    assert OpenVinoPlatform().check_config(engine_config(block_size=32, dtype="float32"))["kv_cache_dtype"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "precision,kv_cache_dtype,dtype",
+    [("bf16", "auto", "float32"), ("f16", "auto", "float32"), ("", "bfloat16", "auto"), ("f16", "auto", "bfloat16")],
+)
+def test_caches_openvino_cannot_compile_are_refused(monkeypatch, precision, kv_cache_dtype, dtype):
+    """OpenVINO's CPU PagedAttention refuses them ("expect kvcache type f32"; f16 under bf16:
+    "Parameter operation with dynamic rank")."""
+    monkeypatch.setenv("VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", precision)
+    config = engine_config(block_size=32, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    with pytest.raises(ValueError, match="compute: OpenVINO's CPU PagedAttention takes only a KV cache of the compute"):
+        OpenVinoPlatform().check_config(config)
 
 
 def test_refused_settings():

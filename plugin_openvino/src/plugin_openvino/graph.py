@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from plugins.model import LayerDescription, ModelDescription
 
-from plugin_openvino.weights import constant, weight_node
+from plugin_openvino.weights import constant, matmul_node
 
 #: the inputs of PagedAttentionExtension after max_context_len that this graph does not use
 #: (score aggregation, cache rotation, xattention, sinks, adaptive RKV, token types, qq bias)
@@ -69,7 +69,8 @@ class GraphBuilder:
         hidden = ops.gather(self._f32(constant(desc.embedding, self.keep)), params["input_ids"], 0)
         cos_sin = ops.gather(self._f32(constant(desc.cos_sin, self.keep)), params["positions"], 0)
         cos, sin = ops.split(cos_sin, 1, 2).outputs()  # [T, D/2] each
-        rope = (ops.unsqueeze(cos, 1), ops.unsqueeze(sin, 1))
+        # [T, 1, D] each, both halves: the rotate-half form OpenVINO fuses into one RoPE node
+        rope = tuple(ops.unsqueeze(ops.concat([half, half], 1), 1) for half in (cos, sin))
         caches = []
         for i, layer in enumerate(desc.layers):
             k_cache = ops.parameter(ov.PartialShape.dynamic(), self.kv_type, name=f"key_cache.{i}")
@@ -95,14 +96,20 @@ class GraphBuilder:
         normed = ops.multiply(x, ops.power(ops.add(mean, eps), ops.constant(-0.5, ov.Type.f32)))
         return ops.multiply(normed, self._f32(constant(weight, self.keep)))
 
+    def linear_product(self, x: Any, weight: Any) -> Any:
+        """``x @ weight.T`` (:func:`plugin_openvino.weights.matmul_node`), its constants kept in :attr:`keep`.
+
+        :raises NotBuildable: for a weight form the graph does not take.
+        """
+        try:
+            return matmul_node(x, weight, self.keep, self.compress)
+        except TypeError as exc:
+            raise NotBuildable(f"linear weights of form {exc}") from None
+
     def _linear(self, x: Any, linear: Any) -> Any:
         import openvino.opset13 as ops
 
-        try:
-            weight = weight_node(linear.weight, self.keep, self.compress)
-        except TypeError as exc:
-            raise NotBuildable(f"linear weights of form {exc}") from None
-        y = ops.matmul(x, weight, transpose_a=False, transpose_b=True)
+        y = self.linear_product(x, linear.weight)
         return y if linear.bias is None else ops.add(y, self._f32(constant(linear.bias, self.keep)))
 
     def _heads(self, x: Any, num_heads: int, norm: torch.Tensor | None, rope: tuple[Any, Any]) -> Any:
@@ -115,14 +122,11 @@ class GraphBuilder:
         if norm is not None:
             heads = self._rms_norm(heads, norm)
         cos, sin = rope
-        x1, x2 = ops.split(heads, 2, 2).outputs()
-        rotated = ops.concat(
-            [
-                ops.subtract(ops.multiply(x1, cos), ops.multiply(x2, sin)),
-                ops.add(ops.multiply(x2, cos), ops.multiply(x1, sin)),
-            ],
-            2,
-        )
+        half = d // 2
+        x1 = ops.slice(heads, ops.constant([0]), ops.constant([half]), ops.constant([1]), ops.constant([2]))
+        x2 = ops.slice(heads, ops.constant([half]), ops.constant([d]), ops.constant([1]), ops.constant([2]))
+        rotate_half = ops.concat([ops.multiply(x2, ops.constant(-1.0, ov.Type.f32)), x1], -1)
+        rotated = ops.add(ops.multiply(heads, cos), ops.multiply(rotate_half, sin))
         return ops.reshape(rotated, ops.constant([0, num_heads * d], ov.Type.i64), special_zero=True)
 
     def _layer(self, layer: LayerDescription, hidden: Any, rope: Any, k_cache: Any, v_cache: Any, params: dict) -> Any:

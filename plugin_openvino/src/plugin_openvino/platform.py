@@ -45,8 +45,9 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
         "OPENVINO_CPU_KV_CACHE_PRECISION",
         str,
         "",
-        "KV cache element type: f32, bf16, f16 (empty: the compute dtype), or u8: one-byte codes with scales "
-        "(OpenVINO's own block layout, 1.7x smaller than bf16; the model must run in the OpenVINO graph)",
+        "KV cache element type: the compute dtype's (f32, bf16; empty: that one), or u8: one-byte codes with "
+        "scales (OpenVINO's own block layout, 1.7x smaller than bf16; the model must run in the OpenVINO graph); "
+        "OpenVINO's CPU attention compiles no other (f16, bf16 under f32 compute: refused)",
         choices=tuple(_KV_PRECISIONS),
     ),
     EnvVar(
@@ -113,7 +114,9 @@ class OpenVinoPlatform(CpuPlatform):
         """Blocks of 32 tokens (OpenVINO's CPU PagedAttention reads no other size: any other
         gives wrong attention silently), the KV cache type from
         ``OPENVINO_CPU_KV_CACHE_PRECISION`` (u8: :meth:`kv_cache_layout`; the engine's
-        ``kv_cache_dtype`` stays the compute dtype); LoRA refused (the graph adds no adapters)."""
+        ``kv_cache_dtype`` stays the compute dtype); LoRA refused (the graph adds no adapters),
+        and a cache of neither the compute dtype nor u8 (OpenVINO 2026.4's CPU PagedAttention
+        refuses to compile bf16/f16 caches under f32 compute and f16 caches under bf16)."""
         if config.enable_lora:
             raise ValueError("openvino does not serve LoRA adapters (its graph has no adapter products)")
         overrides: dict[str, Any] = {}
@@ -121,14 +124,22 @@ class OpenVinoPlatform(CpuPlatform):
             overrides["block_size"] = OPENVINO_BLOCK_SIZE
         precision = self.env["OPENVINO_CPU_KV_CACHE_PRECISION"]
         kv_dtype = _KV_PRECISIONS[precision]
+        compute = {"auto": "float32", "float": "float32", "bf16": "bfloat16"}.get(config.dtype, config.dtype)
         if kv_dtype == "u8":
             overrides["kv_cache_dtype"] = "auto"
         elif kv_dtype == "float32":
-            if config.dtype not in ("auto", "float32"):
+            if compute != "float32":
                 raise ValueError(f"OPENVINO_CPU_KV_CACHE_PRECISION=f32 needs --dtype float32, not {config.dtype}")
             overrides["kv_cache_dtype"] = "auto"
         elif kv_dtype is not None:
             overrides["kv_cache_dtype"] = kv_dtype
+        cache = overrides.get("kv_cache_dtype", config.kv_cache_dtype)
+        if cache not in ("auto", compute):
+            how = f"OPENVINO_CPU_KV_CACHE_PRECISION={precision}" if kv_dtype else f"kv_cache_dtype={cache}"
+            raise ValueError(
+                f"{how} under {compute} compute: OpenVINO's CPU PagedAttention takes only a KV cache of the "
+                "compute dtype or u8 (OPENVINO_CPU_KV_CACHE_PRECISION=u8)"
+            )
         return overrides
 
     def kv_cache_layout(self, config: EngineConfigView, num_kv_heads: int, head_size: int) -> KVCacheLayout:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from plugins.config import EngineConfigView
+from plugins.kernels import GGUFWeight
 from plugins.runner import ModelInputs, Runner
 
 from plugin_openvino.graph import GraphBuilder, NotBuildable
@@ -38,13 +39,13 @@ class OpenVinoRunner(Runner):
         self.request: Any = None
         self._compiled: Any = None
         self._keep: list[Any] = []  # every buffer the compiled model views: freed only after it
-        self._embedding: torch.Tensor | None = None
+        self._lm_head: Any = None  # the infer request of the LM head's compiled model
         self._dtype = torch.float32
         self._block_size = 0
 
     def prepare(self, model: torch.nn.Module, kv_caches: list[Any], config: EngineConfigView) -> None:
         super().prepare(model, kv_caches, config)
-        self.request = self._compiled = None
+        self.request = self._compiled = self._lm_head = None
         self._block_size = config.block_size
         describe = getattr(model, "describe", None)
         try:
@@ -71,11 +72,8 @@ class OpenVinoRunner(Runner):
         kv_type = OV_TYPES[cache_dtype]()
         builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type)
         graph = builder.build()
-        compiled = ov.Core().compile_model(
-            graph,
-            plat.env["OPENVINO_DEVICE"],
-            plat.compile_properties(desc.dtype, kv_type.get_type_name()),
-        )
+        properties = plat.compile_properties(desc.dtype, kv_type.get_type_name())
+        compiled = ov.Core().compile_model(graph, plat.env["OPENVINO_DEVICE"], properties)
         request = compiled.create_infer_request()
         keep: list[Any] = [desc, builder.keep]
         for i, layer in enumerate(desc.layers):
@@ -84,11 +82,31 @@ class OpenVinoRunner(Runner):
                 shape = self._cache_shape(port, cache)
                 request.set_tensor(port, ov_tensor(cache, kv_type, shape))
                 keep.append(cache)
-        self._compiled, self.request, self._keep = compiled, request, keep
-        self._embedding = desc.embedding if desc.tie_word_embeddings else None
+        lm_head = self._compile_lm_head(desc, builder, properties)
+        self._compiled, self.request, self._keep, self._lm_head = compiled, request, keep, lm_head
         self._dtype = desc.dtype
-        logger.info("%s runner: each step as one compiled OpenVINO model on %s (KV cache %s)",
-                    plat.name, plat.env["OPENVINO_DEVICE"], cache_dtype)  # fmt: skip
+        logger.info("%s runner: each step as one compiled OpenVINO model on %s (KV cache %s, compute %s%s)",
+                    plat.name, plat.env["OPENVINO_DEVICE"], kv_type.get_type_name(),
+                    properties["INFERENCE_PRECISION_HINT"], "" if lm_head is None else ", LM head in OpenVINO")  # fmt: skip
+
+    def _compile_lm_head(self, desc: Any, builder: GraphBuilder, properties: dict) -> Any:
+        """An infer request of ``hidden [N, hidden_size] f32 -> logits [N, vocab] f32`` over the
+        model's LM head weight (GGUF blocks kept compressed, as the layers' products), or None
+        when the model has no such weight (a pipeline stage, a vocabulary split, another form)."""
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        weight = getattr(getattr(self.model, "lm_head", None), "weight", None)
+        if desc.final_norm is None or desc.vocab_start != 0 or not isinstance(weight, (torch.Tensor, GGUFWeight)):
+            return None
+        hidden = ops.parameter([-1, desc.hidden_size], ov.Type.f32, name="hidden")
+        try:
+            logits = builder.linear_product(hidden, weight)
+        except NotBuildable:
+            return None
+        model = ov.Model([ops.result(logits, name="logits")], [hidden], "core_lm_head")
+        compiled = ov.Core().compile_model(model, self.platform.env["OPENVINO_DEVICE"], properties)
+        return compiled.create_infer_request()
 
     @staticmethod
     def _cache_shape(port: Any, cache: torch.Tensor) -> list[int]:
@@ -127,12 +145,14 @@ class OpenVinoRunner(Runner):
         return hidden.to(self._dtype)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """Tied embeddings: float32 logits from the dense embedding (the model's LM head may
-        hold GGUF blocks that the torch kernels would dequantize on every call)."""
-        if self._embedding is None:
+        """float32 logits through the LM head's compiled model (its GGUF blocks stay compressed:
+        the torch kernels would dequantize them on every call)."""
+        if self._lm_head is None:
             return super().compute_logits(hidden, rows)
-        picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long))
-        return torch.nn.functional.linear(picked.to(self._embedding.dtype), self._embedding).float()
+        picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long)).float().contiguous()
+        self._lm_head.set_tensor("hidden", ov_tensor(picked))
+        self._lm_head.infer()
+        return torch.from_numpy(self._lm_head.get_output_tensor(0).data.copy())
 
 
 def _ov(array: np.ndarray) -> Any:

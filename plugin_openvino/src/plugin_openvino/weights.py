@@ -1,17 +1,22 @@
-"""Linear weights as OpenVINO graph nodes: dense, or GGUF blocks as compressed weights.
+"""Linear products as OpenVINO graph nodes: dense weights, or GGUF blocks as compressed weights.
 
-OpenVINO's CPU plugin recognizes ``Constant(u4/u8/i8) -> Convert -> [Subtract zero point]
--> Multiply scale -> Reshape`` in front of a ``MatMul`` and runs it as a compressed-weight
-matmul, decompressing blocks on the fly. GGUF's 32-value blocks map onto that pattern:
+OpenVINO's CPU plugin runs ``Constant(u4/u8/i8) -> Convert(f16) -> [Subtract zero point]
+-> Multiply(f16 scale) -> Reshape -> Convert(f32)`` in front of a ``MatMul`` as one
+compressed-weight product (the pattern openvino-genai's GGUF reader builds). GGUF's 32-value
+blocks map onto it, their f16 scales kept as they are:
 
 - ``Q8_0`` (``w = d * q``, q int8): i8 codes, one scale per block;
 - ``Q4_0`` (``w = d * (q - 8)``, q 4-bit): u4 codes, zero point 8;
-- ``Q4_1`` (``w = d * q + m``): u4 codes, zero point ``-m / d`` (a block with ``d == 0``
-  holds ``m`` everywhere: codes 1, scale ``m``, zero point 0, exactly the same values).
+- ``Q4_1`` (``w = d * q + m``): u4 codes, zero point ``-m / d`` in f16 (within 2^-11 of a
+  step of the exact one; a block with ``d == 0`` holds ``m`` everywhere: codes 1, scale ``m``,
+  zero point 0). openvino-genai rounds that zero point to a 4-bit integer instead, which moves
+  every weight of a block by up to half a step. An exact split (``d * q`` plus a second
+  product ``blocksums(x) @ m.T``) costs a small float32 product per linear: a fifth of a
+  decode step here.
 
 GGUF packs element ``j`` and ``j + 16`` of a block in one byte; OpenVINO's u4 packs
 elements ``2i`` and ``2i + 1``: the nibbles are reordered once here. The constants share
-the memory of the torch tensors returned alongside them, which must outlive the model.
+the memory of the torch tensors kept alongside them, which must outlive the model.
 """
 
 from __future__ import annotations
@@ -70,11 +75,23 @@ def _repack_u4(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
-    return raw.contiguous().view(torch.float16).float()
+    return raw.contiguous().view(torch.float16)
 
 
-def _compressed(weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
-    """The decompression subgraph of a Q8_0/Q4_0/Q4_1 weight: f32 ``[rows, cols]``."""
+def _decompressed(codes: Any, zero: Any, scale: torch.Tensor, rows: int, cols: int, keep: list[torch.Tensor]) -> Any:
+    """OpenVINO's compressed-weight pattern: ``(f16(codes) [- zero]) * scale`` as f32 ``[rows, cols]``."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    node = ops.convert(codes, ov.Type.f16)
+    if zero is not None:
+        node = ops.subtract(node, zero)
+    node = ops.multiply(node, constant(scale, keep))
+    return ops.convert(ops.reshape(node, ops.constant([rows, cols], ov.Type.i64), special_zero=False), ov.Type.f32)
+
+
+def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
+    """``x @ w.T`` of a Q8_0/Q4_0/Q4_1 weight ``w`` kept compressed (see the module docstring)."""
     import openvino as ov
     import openvino.opset13 as ops
 
@@ -87,7 +104,7 @@ def _compressed(weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
         codes = constant(data[..., 2:].contiguous().view(torch.int8), keep)
     elif qtype == "Q4_0":
         codes = constant(_repack_u4(data[..., 2:]), keep, ov.Type.u4, [rows, nblocks, _BLOCK])
-        zero = ops.constant(8.0, ov.Type.f32)
+        zero = ops.constant(8.0, ov.Type.f16)
     else:  # Q4_1
         minimum = _f16(data[..., 2:4]).reshape(rows, nblocks, 1)
         packed = _repack_u4(data[..., 4:])
@@ -95,17 +112,13 @@ def _compressed(weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
         if bool(flat.any()):  # a block of one value m: codes 1 times scale m
             packed = torch.where(flat, torch.full_like(packed, 0x11), packed)
             scale = torch.where(flat, minimum, scale)
-        zero = constant(torch.where(flat, torch.zeros_like(minimum), -minimum / scale), keep)
+        zero = constant(torch.where(flat, 0.0, -minimum.float() / scale.float()).half(), keep)
         codes = constant(packed, keep, ov.Type.u4, [rows, nblocks, _BLOCK])
-    node = ops.convert(codes, ov.Type.f32)
-    if zero is not None:
-        node = ops.subtract(node, zero)
-    node = ops.multiply(node, constant(scale, keep))
-    return ops.reshape(node, ops.constant([rows, cols], ov.Type.i64), special_zero=False)
+    return ops.matmul(x, _decompressed(codes, zero, scale, rows, cols, keep), False, True)
 
 
-def weight_node(weight: Any, keep: list[torch.Tensor], compress: bool) -> Any:
-    """The ``[out, in]`` f32 weight of a linear as a graph node.
+def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool) -> Any:
+    """``x @ weight.T`` of a linear's ``[out, in]`` weight, as a graph node of ``x``'s ``[T, in]`` f32.
 
     :param weight: a dense tensor or a :class:`GGUFWeight` (what the platform's kernels kept).
     :param compress: keep Q8_0/Q4_0/Q4_1 blocks compressed (else dequantize them).
@@ -116,9 +129,9 @@ def weight_node(weight: Any, keep: list[torch.Tensor], compress: bool) -> Any:
 
     if isinstance(weight, GGUFWeight):
         if compress and weight.qtype in COMPRESSED_GGUF and weight.cols % _BLOCK == 0:
-            return _compressed(weight, keep)
+            return _compressed_matmul(x, weight, keep)
         weight = weight.dequantize()
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise TypeError(f"a {type(weight).__name__} weight")
     node = constant(weight, keep)
-    return node if weight.dtype == torch.float32 else ops.convert(node, ov.Type.f32)
+    return ops.matmul(x, node if weight.dtype == torch.float32 else ops.convert(node, ov.Type.f32), False, True)
