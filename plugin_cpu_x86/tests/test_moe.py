@@ -44,7 +44,7 @@ def native_calls(kernels):
 
 @pytest.mark.parametrize("prepack", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens,top_k", [(1, 2), (5, 3), (40, 2)])
+@pytest.mark.parametrize("tokens,top_k", [(1, 2), (1, 3), (5, 3), (40, 2)])  # (1, 3): 3 experts of one pair
 def test_dense_experts_match_the_default(kernels, ref, gen, rand, close, prepack, dtype, tokens, top_k):
     hidden, inter = 96, 160  # two work items of intermediate rows, the second partial
     experts = dense_experts(rand, gen, dtype, hidden, inter)
