@@ -154,17 +154,21 @@ struct VecTiles {
     static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
     b = p;
   }
+  // A rows 8 at a time, their 8 accumulators interleaved per k-pair: independent vdpbf16ps
+  // chains, where one row's 16 in sequence would wait on the instruction's latency
   template <int C, bool kHiOnly> void products(const uint16_t *a) {
     __m512bh bv[16];
     for (int kk = 0; kk < 16; ++kk) bv[kk] = (__m512bh)_mm512_load_si512(b + 32 * kk);
-    for (int m = 0; m < 16; ++m) {
-      __m512 acc = _mm512_load_ps(c[C] + 16 * m);
-      for (int kk = 0; kk < 16; ++kk) {
-        int32_t pair;
-        memcpy(&pair, a + 32 * m + 2 * kk, 4);
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), bv[kk]);
-      }
-      _mm512_store_ps(c[C] + 16 * m, acc);
+    for (int m0 = 0; m0 < 16; m0 += 8) {
+      __m512 acc[8];
+      for (int m = 0; m < 8; ++m) acc[m] = _mm512_load_ps(c[C] + 16 * (m0 + m));
+      for (int kk = 0; kk < 16; ++kk)
+        for (int m = 0; m < 8; ++m) {
+          int32_t pair;
+          memcpy(&pair, a + 32 * (m0 + m) + 2 * kk, 4);
+          acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(pair), bv[kk]);
+        }
+      for (int m = 0; m < 8; ++m) _mm512_store_ps(c[C] + 16 * (m0 + m), acc[m]);
     }
   }
   template <int C> void store(float *dst) { memcpy(dst, c[C], sizeof(c[C])); }

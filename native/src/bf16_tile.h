@@ -3,7 +3,11 @@
 // in groups of kOpW = 64 rows, k-pairs x rows ([k/2][64 rows][2]: one 32-bit pair per row); a
 // tile of kOpX = 6 activation rows x 4 vectors of 16 output rows takes, per k-pair, one
 // broadcast pair of each activation row and one vdpbf16ps per accumulator (24 of 32
-// registers), with no horizontal sums. Included inside a kernel source's CK_NS namespace.
+// registers), with no horizontal sums. A tile may also pull a quarter of the next group's panel
+// toward the core (`next`: one 64-byte line per k-pair, kp lines), so that the first kOpC tiles
+// of a group bring the next group in and it starts warm: a product whose weights come from
+// memory (lm_head, the 32-row decode steps) otherwise waits on it at each group's first tile.
+// Included inside a kernel source's CK_NS namespace.
 #pragma once
 
 #if defined(__AVX512BF16__)
@@ -11,36 +15,41 @@ static const int kOpX = 6;          // activation rows of a tile
 static const int kOpC = 4;          // vectors of 16 output rows of a tile
 static const int kOpW = 16 * kOpC;  // weight rows of a packed group
 
-// acc = x rows t0 .. t0+TX (bfloat16, row stride xs) times the packed group (kp k-pairs), stored
-// as out_tile[t * kOpW + column]
-template <int TX>
-static inline void op_tile(const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile) {
-  __m512 acc[TX][kOpC];
+// acc = x rows t0 .. t0+TX (bfloat16, row stride xs) times C <= kOpC vectors of 16 columns of a
+// packed group (wp: its first column, kp k-pairs of kOpW columns), stored as
+// out_tile[t * kOpW + column]; prefetches the kp lines from `next` unless NULL
+template <int TX, int C>
+static inline void op_tile(const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile,
+                           const uint32_t *next) {
+  __m512 acc[TX][C];
   for (int t = 0; t < TX; ++t)
-    for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[t][c] = _mm512_setzero_ps();
   for (long p = 0; p < kp; ++p) {
-    __m512bh w[kOpC];
-    for (int c = 0; c < kOpC; ++c) w[c] = (__m512bh)_mm512_loadu_si512(wp + p * kOpW + 16 * c);
+    if (next) _mm_prefetch((const char *)(next + 16 * p), _MM_HINT_T0);
+    __m512bh w[C];
+    for (int c = 0; c < C; ++c) w[c] = (__m512bh)_mm512_loadu_si512(wp + p * kOpW + 16 * c);
     for (int t = 0; t < TX; ++t) {
       int32_t pair;
       memcpy(&pair, x + t * xs + 2 * p, 4);
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-      for (int c = 0; c < kOpC; ++c) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], xv, w[c]);
+      for (int c = 0; c < C; ++c) acc[t][c] = _mm512_dpbf16_ps(acc[t][c], xv, w[c]);
     }
   }
   for (int t = 0; t < TX; ++t)
-    for (int c = 0; c < kOpC; ++c) _mm512_storeu_ps(out_tile + t * kOpW + 16 * c, acc[t][c]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out_tile + t * kOpW + 16 * c, acc[t][c]);
 }
 
 // op_tile on the first tx <= kOpX rows
-static inline void op_tile_rows(long tx, const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile) {
+template <int C>
+static inline void op_tile_rows(long tx, const uint32_t *wp, long kp, const bf16_t *x, long xs, float *out_tile,
+                                const uint32_t *next) {
   switch (tx) {
-    case 1: op_tile<1>(wp, kp, x, xs, out_tile); break;
-    case 2: op_tile<2>(wp, kp, x, xs, out_tile); break;
-    case 3: op_tile<3>(wp, kp, x, xs, out_tile); break;
-    case 4: op_tile<4>(wp, kp, x, xs, out_tile); break;
-    case 5: op_tile<5>(wp, kp, x, xs, out_tile); break;
-    default: op_tile<6>(wp, kp, x, xs, out_tile); break;
+    case 1: op_tile<1, C>(wp, kp, x, xs, out_tile, next); break;
+    case 2: op_tile<2, C>(wp, kp, x, xs, out_tile, next); break;
+    case 3: op_tile<3, C>(wp, kp, x, xs, out_tile, next); break;
+    case 4: op_tile<4, C>(wp, kp, x, xs, out_tile, next); break;
+    case 5: op_tile<5, C>(wp, kp, x, xs, out_tile, next); break;
+    default: op_tile<6, C>(wp, kp, x, xs, out_tile, next); break;
   }
 }
 #endif  // __AVX512BF16__

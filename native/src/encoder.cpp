@@ -200,17 +200,31 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
   }
   long block = kXBlockBytes / (k * (long)sizeof(bf16_t)) / kOpX * kOpX;
   block = block < kOpX ? kOpX : block;
-  const long blocks = (rows + block - 1) / block;
-  parallel_for(blocks * groups, 1, nt, rows * n * k >= (1L << 18), [&](long lo, long hi) {
+  // items (row block, group, column part): whole groups, or halves of kOpW / 2 columns where whole
+  // groups leave 2+ threads fewer than 8 items each (the 32-row decode steps: 9 groups of the 576
+  // output columns would split 5 / 4 on 2 threads)
+  const long blocks = (rows + block - 1) / block, parts = nt > 1 && blocks * groups < 8L * nt ? 2 : 1,
+             items = blocks * groups * parts, cols = kOpW / parts;
+  // runs of consecutive items a claim (~16 a thread): on whole groups, a group's first kOpC tiles
+  // prefetch the next group of its run, a quarter each
+  const long run = items / (16L * (nt > 1 ? nt : 1)) > 1 ? items / (16L * (nt > 1 ? nt : 1)) : 1;
+  parallel_for(items, run, nt, rows * n * k >= (1L << 18), [&](long lo, long hi) {
     alignas(64) float tile[kOpX * kOpW];
     for (long item = lo; item < hi; ++item) {
-      const long g = item % groups, b = item / groups, j = g * kOpW, rw = n - j < kOpW ? n - j : kOpW;
-      const long r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      const long g = item / parts % groups, b = item / parts / groups, j = g * kOpW + item % parts * cols;
+      const long rw = n - j < cols ? n - j : cols, r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      if (rw <= 0) continue;  // the second half of a last group of kOpW / 2 columns or fewer
+      const uint32_t *w = wp + g * kp * kOpW + (j - g * kOpW);
+      const uint32_t *next = parts == 1 && item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
       float scale[kOpW], bj[kOpW];
       row_params(NULL, bias, bias_dt, j, rw, scale, bj);
       for (long t0 = b * block; t0 < r1; t0 += kOpX) {
-        const long tx = r1 - t0 < kOpX ? r1 - t0 : kOpX;
-        op_tile_rows(tx, wp + g * kp * kOpW, kp, xb + t0 * xbs, xbs, tile);
+        const long tx = r1 - t0 < kOpX ? r1 - t0 : kOpX, quarter = (t0 - b * block) / kOpX;
+        if (parts == 1)
+          op_tile_rows<kOpC>(tx, w, kp, xb + t0 * xbs, xbs, tile,
+                             next && quarter < kOpC ? next + quarter * kp * 16 : NULL);
+        else
+          op_tile_rows<kOpC / 2>(tx, w, kp, xb + t0 * xbs, xbs, tile, NULL);
         for (long t = 0; t < tx; ++t) {
           float *row = tile + t * kOpW;
           for (long r = 0; r < rw; ++r) row[r] += bj[r];
