@@ -83,6 +83,13 @@ static const long kXBlock = 64;  // activation rows a thread runs its weight gro
 static const long kPrefetchAhead = 2048;
 // activation rows from which the 512-bit path takes two weight groups at a time (take_pairs)
 static const long kPairMinRows = 3;
+// int8 activation rows up to which a product on byte codes (Q8_0, int8) streams its weights (one
+// activation row: 1 int8 row or an int16 row's 2): each thread then takes one run of whole groups,
+// its stream jumping once a call, not every few groups (each jump starts the prefetch over; batch-1
+// decode's small Q8_0 linears streamed at about half the rate of the lm_head's long runs). 4-bit
+// codes keep the many chunks: half the bytes a weight, their unpacking nearer the memory rate, and
+// one run a thread measured no faster there (bench/RESULTS.md, issue 47 part 2)
+static const long kStreamRows = 2;
 
 // int8 activations: q [T, K], d and s [T, K/32]
 struct QAct {
@@ -598,9 +605,13 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
                       long k, T *out, const void *bias, int bias_dt, int split, int nthreads) {
   const long groups = (n + kGroup - 1) / kGroup, gbytes = a.nb * kGroup * block_bytes(QT);
   const bool pairs = take_pairs<QT>(rows);
-  long chunk = (row_chunk(n, nthreads) + kGroup - 1) / kGroup;  // in groups (whole pairs)
-  if (pairs) chunk += chunk % 2;
+  const bool stream = !is_q4<QT>() && rows <= kStreamRows;
+  long chunk = stream ? (groups + nthreads - 1) / nthreads  // in groups
+                      : (row_chunk(n, nthreads) + kGroup - 1) / kGroup;
+  if (pairs) chunk += chunk % 2;  // (whole pairs)
   parallel_for(groups, chunk, nthreads, n * k >= (1L << 16), [&](long lo, long hi) {
+    if (stream)  // the run's first kPrefetchAhead bytes (group_dot prefetches from there on)
+      for (long l = 0; l < kPrefetchAhead && l < (hi - lo) * gbytes; l += 64) __builtin_prefetch(w + lo * gbytes + l);
     for (long x0 = 0; x0 < rows; x0 += kXBlock) {  // a block of x stays in L2 across the groups
       const long x1 = rows - x0 < kXBlock ? rows : x0 + kXBlock;
       for (long g = lo, ng; g < hi; g += ng) {
