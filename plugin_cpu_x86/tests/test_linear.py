@@ -172,7 +172,8 @@ def test_int8_linear(kernels, multiplied, gen, dtype, tokens, out_features, in_f
 
 @pytest.mark.parametrize(
     "dtype,tokens,with_bias",
-    [(torch.float32, 1, False), (torch.float32, 7, True), (torch.float32, 13, True),
+    [(torch.float32, 1, False), (torch.float32, 2, True), (torch.float32, 3, False), (torch.float32, 5, True),
+     (torch.float32, 6, False), (torch.float32, 7, True), (torch.float32, 13, True),
      (torch.float32, 130, True), (torch.bfloat16, 3, True), (torch.bfloat16, 9, False)],
 )  # fmt: skip
 def test_float32_weight_linear(kernels, gen, dtype, tokens, with_bias):
