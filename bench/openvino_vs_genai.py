@@ -13,7 +13,7 @@ products: openvino-genai's CPU defaults),
 ``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
 default GGUF itself, installed (the version matching the installed openvino) in its own venv under
 the bench cache (``~/.cache/core-bench/openvino-genai``, made on first use). Prints a table of
-medians and the per-round ratios; ``--json`` saves every round. Not for CI.
+medians and the per-round ratios; ``--json`` saves every round; ``--configs`` runs a subset. Not for CI.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def report(rounds: list[dict], args: argparse.Namespace) -> str:
+def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...]) -> str:
     """A markdown table: each configuration's median figures, then the median per-round ratio of
     each plugin_openvino configuration to openvino-genai and to cpu_x86."""
     workload = f"{args.num_seqs}x({args.prompt_len}+{args.n_gen})"
@@ -128,11 +128,11 @@ def report(rounds: list[dict], args: argparse.Namespace) -> str:
         f"| configuration | batch-1 decode tok/s | {workload} output tok/s | {args.prefill_len}-token prefill tok/s |",
         "|---|---|---|---|",
     ]
-    for config in CONFIGS:
+    for config in configs:
         cells = [f"{statistics.median(r[config][m] for r in rounds):.1f}" for m in METRICS]
         lines.append(f"| {config} | {' | '.join(cells)} |")
-    for ours in [c for c in CORE_CONFIGS if c.startswith("openvino")]:
-        for other in ("openvino-genai", "cpu_x86"):
+    for ours in [c for c in configs if c in CORE_CONFIGS and c.startswith("openvino")]:
+        for other in [c for c in ("openvino-genai", "cpu_x86") if c in configs]:
             cells = [f"{statistics.median(r[ours][m] / r[other][m] for r in rounds):.2f}x" for m in METRICS]
             lines.append(f"| {ours} / {other} (median of per-round ratios) | {' | '.join(cells)} |")
     return "\n".join(lines)
@@ -148,29 +148,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--prefill-len", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated configurations to run (default: all of {', '.join(CONFIGS)})")  # fmt: skip
     p.add_argument("--json", type=Path, help="save every round's figures here")
     p.add_argument("--part", choices=list(CORE_CONFIGS), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    configs = tuple(args.configs.split(","))
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configurations {unknown}; choose from {', '.join(CONFIGS)}")
     if args.part:
         with open(args.spec) as f:
             print("RESULT " + json.dumps(core_part(json.load(f), args.part)), flush=True)
         return 0
     from core.loader.source import default_model_path
 
-    genai_python = ensure_genai()
+    genai_python = ensure_genai() if "openvino-genai" in configs else None
     rounds = []
     with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
         json.dump(workload(args), spec)
         spec.flush()
         for r in range(args.rounds):
-            order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
+            order = configs[r % len(configs) :] + configs[: r % len(configs)]
             figures = {"load_before": load_average()}
             for config in order:
                 figures[config] = run_config(config, spec.name, args.threads, genai_python, str(default_model_path()))
                 print(f"round {r + 1} {config}: {figures[config]}", file=sys.stderr)
             rounds.append(figures)
-    print(report(rounds, args))
+    print(report(rounds, args, configs))
     print(f"threads {args.threads}; load averages before each round: {[r['load_before'] for r in rounds]}")
     if args.json:
         args.json.write_text(json.dumps(rounds, indent=1))
