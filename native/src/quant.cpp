@@ -83,12 +83,10 @@ static const long kXBlock = 64;  // activation rows a thread runs its weight gro
 static const long kPrefetchAhead = 2048;
 // activation rows from which the 512-bit path takes two weight groups at a time (take_pairs)
 static const long kPairMinRows = 3;
-// int8 activation rows up to which a product on byte codes (Q8_0, int8) streams its weights (one
-// activation row: 1 int8 row or an int16 row's 2): each thread then takes one run of whole groups,
-// its stream jumping once a call, not every few groups (each jump starts the prefetch over; batch-1
-// decode's small Q8_0 linears streamed at about half the rate of the lm_head's long runs). 4-bit
-// codes keep the many chunks: half the bytes a weight, their unpacking nearer the memory rate, and
-// one run a thread measured no faster there (bench/RESULTS.md, issue 47 part 2)
+// int8 activation rows up to which a product streams its weights (one activation row: 1 int8 row
+// or an int16 row's 2): each thread then takes one run of whole groups, its stream jumping once a
+// call, not every few groups (each jump starts the prefetch over; batch-1 decode's small linears
+// streamed at about half the rate of the lm_head's long runs)
 static const long kStreamRows = 2;
 
 // int8 activations: q [T, K], d and s [T, K/32]
@@ -605,7 +603,7 @@ static void matmul_x8(const uint8_t *w, const float *row_scale, const QAct &a, l
                       long k, T *out, const void *bias, int bias_dt, int split, int nthreads) {
   const long groups = (n + kGroup - 1) / kGroup, gbytes = a.nb * kGroup * block_bytes(QT);
   const bool pairs = take_pairs<QT>(rows);
-  const bool stream = !is_q4<QT>() && rows <= kStreamRows;
+  const bool stream = rows <= kStreamRows;
   long chunk = stream ? (groups + nthreads - 1) / nthreads  // in groups
                       : (row_chunk(n, nthreads) + kGroup - 1) / kGroup;
   if (pairs) chunk += chunk % 2;  // (whole pairs)
