@@ -9,7 +9,9 @@ on the same random token ids, prefix caching off, a 1 GiB KV cache. The configur
 ``openvino`` (``--device openvino``, float32, its defaults), ``openvino-bf16-u8`` (bfloat16 compute
 and OpenVINO's u8 KV blocks, the precisions openvino-genai picks on a CPU with AVX512_BF16),
 ``openvino-genai-settings`` (those, and int8 activations in groups of 32 into the compressed-weight
-products: openvino-genai's CPU defaults),
+products: openvino-genai's CPU defaults), ``openvino-genai-model`` (those, and Q4_1 zero points
+rounded to 4-bit integers as openvino-genai's GGUF reader does: the model openvino-genai runs,
+not the file's exact one),
 ``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
 default GGUF itself, installed (the version matching the installed openvino) in its own venv under
 the bench cache (``~/.cache/core-bench/openvino-genai``, made on first use). Prints a table of
@@ -42,6 +44,15 @@ CORE_CONFIGS = {
         "openvino",
         "bfloat16",
         {"CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8", "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"},
+    ),
+    "openvino-genai-model": (
+        "openvino",
+        "bfloat16",
+        {
+            "CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8",
+            "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
+            "CORE_OPENVINO_Q4_1_INTEGER_ZERO_POINTS": "1",
+        },
     ),
     "cpu_x86": ("cpu_x86", "float32", {}),
 }

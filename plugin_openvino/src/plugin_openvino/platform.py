@@ -58,6 +58,14 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
         "quantized in groups of this many (openvino-genai's CPU default is 32); 0: float activations",
     ),
     EnvVar(
+        "OPENVINO_Q4_1_INTEGER_ZERO_POINTS",
+        bool,
+        False,
+        "round GGUF Q4_1 zero points (-min/scale) to 4-bit integers as openvino-genai's GGUF reader does: "
+        "int8 activations can then run those products, but each weight moves by up to half a step (not the "
+        "file's model; 0: f16 zero points, within 2^-11 of a step)",
+    ),
+    EnvVar(
         "OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
         bool,
         True,

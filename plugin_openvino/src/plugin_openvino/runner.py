@@ -70,7 +70,8 @@ class OpenVinoRunner(Runner):
         if cache_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.uint8):
             raise NotBuildable(f"KV cache dtype {cache_dtype}")
         kv_type = OV_TYPES[cache_dtype]()
-        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type)
+        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type,
+                               plat.env["OPENVINO_Q4_1_INTEGER_ZERO_POINTS"])  # fmt: skip
         graph = builder.build()
         properties = plat.compile_properties(desc.dtype, kv_type.get_type_name())
         compiled = ov.Core().compile_model(graph, plat.env["OPENVINO_DEVICE"], properties)

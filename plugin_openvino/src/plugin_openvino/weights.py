@@ -10,7 +10,8 @@ blocks map onto it, their f16 scales kept as they are:
 - ``Q4_1`` (``w = d * q + m``): u4 codes, zero point ``-m / d`` in f16 (within 2^-11 of a
   step of the exact one; a block with ``d == 0`` holds ``m`` everywhere: codes 1, scale ``m``,
   zero point 0). openvino-genai rounds that zero point to a 4-bit integer instead, which moves
-  every weight of a block by up to half a step. An exact split (``d * q`` plus a second
+  every weight of a block by up to half a step; ``round_q4_1`` does the same here (opt-in:
+  integer zero points let int8 activations run the product). An exact split (``d * q`` plus a second
   product ``blocksums(x) @ m.T``) costs a small float32 product per linear: a fifth of a
   decode step here.
 
@@ -90,7 +91,15 @@ def _decompressed(codes: Any, zero: Any, scale: torch.Tensor, rows: int, cols: i
     return ops.convert(ops.reshape(node, ops.constant([rows, cols], ov.Type.i64), special_zero=False), ov.Type.f32)
 
 
-def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor]) -> Any:
+def _u4_zero_points(zero: torch.Tensor) -> torch.Tensor:
+    """``[rows, blocks, 1]`` zero points rounded into 0..15, as u4 bytes (two a byte, first low)."""
+    codes = zero.float().round().clamp(0, 15).to(torch.uint8).flatten()
+    if codes.numel() % 2:
+        codes = torch.cat([codes, codes.new_zeros(1)])
+    return (codes[0::2] | (codes[1::2] << 4)).contiguous()
+
+
+def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], round_q4_1: bool) -> Any:
     """``x @ w.T`` of a Q8_0/Q4_0/Q4_1 weight ``w`` kept compressed (see the module docstring)."""
     import openvino as ov
     import openvino.opset13 as ops
@@ -112,16 +121,23 @@ def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor]) -> 
         if bool(flat.any()):  # a block of one value m: codes 1 times scale m
             packed = torch.where(flat, torch.full_like(packed, 0x11), packed)
             scale = torch.where(flat, minimum, scale)
-        zero = constant(torch.where(flat, 0.0, -minimum.float() / scale.float()).half(), keep)
+        zero_points = torch.where(flat, 0.0, -minimum.float() / scale.float())
+        if round_q4_1:
+            zero = ops.convert(
+                constant(_u4_zero_points(zero_points), keep, ov.Type.u4, [rows, nblocks, 1]), ov.Type.f16
+            )
+        else:
+            zero = constant(zero_points.half(), keep)
         codes = constant(packed, keep, ov.Type.u4, [rows, nblocks, _BLOCK])
     return ops.matmul(x, _decompressed(codes, zero, scale, rows, cols, keep), False, True)
 
 
-def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool) -> Any:
+def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool, round_q4_1: bool = False) -> Any:
     """``x @ weight.T`` of a linear's ``[out, in]`` weight, as a graph node of ``x``'s ``[T, in]`` f32.
 
     :param weight: a dense tensor or a :class:`GGUFWeight` (what the platform's kernels kept).
     :param compress: keep Q8_0/Q4_0/Q4_1 blocks compressed (else dequantize them).
+    :param round_q4_1: Q4_1 zero points rounded to 4-bit integers as openvino-genai does (not exact).
     :raises TypeError: for a weight form the graph does not take (integer checkpoints).
     """
     import openvino as ov
@@ -129,7 +145,7 @@ def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool) -
 
     if isinstance(weight, GGUFWeight):
         if compress and weight.qtype in COMPRESSED_GGUF and weight.cols % _BLOCK == 0:
-            return _compressed_matmul(x, weight, keep)
+            return _compressed_matmul(x, weight, keep, round_q4_1)
         weight = weight.dequantize()
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise TypeError(f"a {type(weight).__name__} weight")
