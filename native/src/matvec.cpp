@@ -110,40 +110,22 @@ static inline void decode_block(const uint8_t *row, long b, v8 w[4]) {
 #include "matvec_avx512.h"  // AVX-512 builds: row_dot16
 
 #if defined(__AVX512F__)
-// row_dot for float32 weight rows (CK_F32W) at 16 floats a vector: C independent FMA chains per
-// activation row (4 for one row, 2 for more), so 3-8 rows (speculative verification, small
-// batches) stay memory-bound; the v8 body's one chain a row from 3 rows made a 3-row product of
-// 1536x576 cost 2.5x a 1-row one.
+// row_dot for 3-8 activation rows on float32 weight rows (CK_F32W) at 16 floats a vector, two
+// FMA chains a row, so speculative verification and small batches stay memory-bound: the v8
+// body's one chain a row from 3 rows made a 3-row product of 1536x576 cost 2.5x a 1-row one. (One
+// and two rows keep the v8 body, whose stream from memory measured faster than this one's.)
 template <int TT>
 static inline void row_dot_f32w(const float *wr, const float *x, long xs, long nb, float *sums) {
-  constexpr int C = TT == 1 ? 4 : 2;
-  __m512 acc[TT][C];
-  for (int t = 0; t < TT; ++t)
-    for (int c = 0; c < C; ++c) acc[t][c] = _mm512_setzero_ps();
-  const long nv = nb * (kBlock / 16);
-  long v = 0;
-  for (; v + C <= nv; v += C) {
-    __m512 w[C];
-    for (int c = 0; c < C; ++c) {
-      if (c % 4 == 0) __builtin_prefetch((const char *)(wr + 16 * (v + c)) + kPrefetchAhead);
-      w[c] = _mm512_loadu_ps(wr + 16 * (v + c));
-    }
-    for (int t = 0; t < TT; ++t)
-      for (int c = 0; c < C; ++c)
-        acc[t][c] = _mm512_fmadd_ps(w[c], _mm512_loadu_ps(x + t * xs + 16 * (v + c)), acc[t][c]);
-  }
-  if (v < nv) {  // C = 4 and an odd number of blocks: the last block's two vectors
-    const __m512 w0 = _mm512_loadu_ps(wr + 16 * v), w1 = _mm512_loadu_ps(wr + 16 * v + 16);
+  __m512 acc[TT][2];
+  for (int t = 0; t < TT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (long i = 0; i < nb * kBlock; i += kBlock) {
+    const __m512 w0 = _mm512_loadu_ps(wr + i), w1 = _mm512_loadu_ps(wr + i + 16);
     for (int t = 0; t < TT; ++t) {
-      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * xs + 16 * v), acc[t][0]);
-      acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * xs + 16 * v + 16), acc[t][1]);
+      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * xs + i), acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * xs + i + 16), acc[t][1]);
     }
   }
-  for (int t = 0; t < TT; ++t) {
-    __m512 s = acc[t][0];
-    for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, acc[t][c]);
-    sums[t] = _mm512_reduce_add_ps(s);
-  }
+  for (int t = 0; t < TT; ++t) sums[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 #endif
 
@@ -154,7 +136,7 @@ template <int QT, int TT>
 static inline void row_dot(const uint8_t *wr, const float *x, long xs, long nb, float *sums) {
 #if defined(__AVX512F__)
   if constexpr (has_row_dot16(QT)) return row_dot16<QT, TT>(wr, x, xs, nb, sums);
-  if constexpr (QT == CK_F32W) return row_dot_f32w<TT>((const float *)wr, x, xs, nb, sums);
+  if constexpr (QT == CK_F32W && TT >= 3) return row_dot_f32w<TT>((const float *)wr, x, xs, nb, sums);
 #endif
   const int A = TT == 1 ? 4 : TT == 2 ? 2 : 1;
   v8 acc[TT][A];
