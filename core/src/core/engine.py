@@ -98,6 +98,8 @@ class LLMEngine:
         # walk it again and again (gc was ~1.5% of a batched run's CPU time before)
         gc.collect()
         gc.freeze()
+        # the element type the platform lays the cache out in (its own, e.g. OpenVINO's u8 codes)
+        kv_dtype = self.platform.kv_cache_layout(config, self.loaded.num_kv_heads, self.loaded.head_size).dtype
         logger.info(
             "engine ready in %.1fs: device=%s model=%s dtype=%s quantization=%s; KV cache (%s) %d blocks = %d tokens, "
             "max concurrency at max_model_len=%d: %.1fx",
@@ -106,7 +108,7 @@ class LLMEngine:
             self.loaded.name,
             config.dtype,
             config.quantization,
-            config.kv_cache_dtype,
+            str(kv_dtype).removeprefix("torch."),
             self.kv_plan.num_blocks,
             tokens,
             config.max_model_len,
