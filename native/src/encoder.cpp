@@ -207,7 +207,7 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
              items = blocks * groups * parts, cols = kOpW / parts;
   // runs of consecutive items a claim (~16 a thread): on whole groups, a group's first kOpC tiles
   // prefetch the next group of its run, a quarter each
-  const long run = items / (16L * (nt > 1 ? nt : 1)) > 1 ? items / (16L * (nt > 1 ? nt : 1)) : 1;
+  const long per_claim = items / (16L * (nt > 1 ? nt : 1)), run = per_claim > 1 ? per_claim : 1;
   parallel_for(items, run, nt, rows * n * k >= (1L << 18), [&](long lo, long hi) {
     alignas(64) float tile[kOpX * kOpW];
     for (long item = lo; item < hi; ++item) {
