@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
-from plugins.config import EngineConfigView
+from plugins.config import DTYPE_ALIASES, EngineConfigView
 from plugins.cpu import CPU_ENV_VARS, CpuMemoryProfiler, CpuPlatform, non_negative
 from plugins.env import EnvVar
 from plugins.host import process_cpus
@@ -132,7 +132,8 @@ class OpenVinoPlatform(CpuPlatform):
             overrides["block_size"] = OPENVINO_BLOCK_SIZE
         precision = self.env["OPENVINO_CPU_KV_CACHE_PRECISION"]
         kv_dtype = _KV_PRECISIONS[precision]
-        compute = {"auto": "float32", "float": "float32", "bf16": "bfloat16"}.get(config.dtype, config.dtype)
+        # the compute dtype as core will resolve it (not yet done when check_config runs)
+        compute = self.supported_dtypes[0] if config.dtype == "auto" else DTYPE_ALIASES.get(config.dtype, config.dtype)
         if kv_dtype == "u8":
             overrides["kv_cache_dtype"] = "auto"
         elif kv_dtype == "float32":
