@@ -603,9 +603,12 @@ void test_linear(Suite &s, int qt, long rows, Act act, long n = 21, long k = 96)
   std::vector<double> xq(x.begin(), x.end());  // the activations the kernel multiplies
   // rounded per block of 32 as quant.cpp does: to int8, or to int16 (127 * 256 levels) below
   // quant.cpp's kAct16PanelMin rows: 24 in the AMX build (blocks.h kAmxMinRows), never in the
-  // other AVX-512 builds and the scalar one (no panel kernel), else 7
+  // other AVX-512 builds and the scalar one (no panel kernel), else 7, and 64 on 4-bit codes
+  // in the AVX2 build (kAct16PanelMinQ4)
+  const bool q4 = qt == Q4_0 || qt == Q4_1 || qt == Q4FX8;
   const long panel_from = s.isa == "avx512amx"                                 ? 24
                           : s.isa == "scalar" || s.isa.rfind("avx512", 0) == 0 ? LONG_MAX
+                          : s.isa == "avx2" && q4                              ? 64
                                                                                : 7;
   const bool int16 = act == kAct16 && rows < panel_from;
   const float levels = act == kInt8Act ? 127.0f : int16 ? 32512.0f : 0.0f;
