@@ -2,13 +2,18 @@
 // the fused decoder (core/models/moe.py's route).
 //
 // fused_moe: the (token, expert) pairs are grouped by expert (a counting sort, tokens in order), the
-// pairs' input rows gathered once as float32, then two passes on the kernels' pool:
+// pairs' input rows gathered once as float32. At batch 1 (one pair an expert) with the active experts
+// a whole number a thread, one pass on the kernels' pool whose work items are whole experts (gate and
+// up, SiLU, down into the pair's own row), the weighted sum after it in expert id order. Else two
+// passes:
 //  1. work items (expert, block of intermediate rows): the block's gate and up rows times all of the
 //     expert's rows, through the dense linears' own kernel (quant.cpp's linear, or encoder.cpp's
 //     linear_bf16w for bfloat16 tiles), then SiLU(gate) * up into the pairs' activations;
 //  2. work items (block of hidden outputs): each active expert's down rows of the block times its
 //     pairs' activations, weighted and summed into the tokens' float32 rows, experts in id order
 //     (as the SDK's grouped default adds them), so no two items write the same output.
+// Gate and up rows stored as one run (plugins/cpu_native/moe.py packs them so) are one linear call
+// where an item takes an expert's whole intermediate.
 // Each expert's weights are read once per call for all of its tokens (once per kMaxPairs pairs of a
 // long prefill, which bounds the scratch). The math is float32 throughout; the output is rounded
 // to dtype once.
@@ -32,6 +37,41 @@ static int expert_rows(const CKExpertProj &p, long e, long r0, long nb, const fl
   return CK_FN(linear)(p.qt, w, scales, nb, p.k, CK_F32, x, xs, rows, out, NULL, CK_F32, 1);
 }
 
+// whether gate's rows run straight on into up's in every expert (no padding between): then rows
+// [0, 2 inter) of gate are one matrix, gate then up
+static bool gate_up_adjacent(const CKExperts &m) {
+  const CKExpertProj &g = m.gate, &u = m.up;
+  const bool scales = g.scales ? u.scales == g.scales + g.n && u.scale_stride == g.scale_stride : !u.scales;
+  return g.qt == u.qt && g.k == u.k && g.n == u.n && g.row_bytes == u.row_bytes && g.expert_bytes == u.expert_bytes &&
+         (const char *)u.w == (const char *)g.w + g.n * g.row_bytes && scales;
+}
+
+// act[count, inter] (row stride inter, from column r0) = SiLU(gate) * up of rows [r0, r0 + nb) of expert
+// e for x[count, k] (float32, row stride xs); gu: scratch of 2 * count * nb floats. All of an expert's
+// intermediate with adjacent gate and up rows is one linear call (one weight stream, one pass over x),
+// else gate and up are one call each.
+static int gate_up_act(const CKExperts &m, bool adjacent, long e, long r0, long nb, const float *x, long xs,
+                       long count, float *gu, float *act) {
+  long row = nb, up = count * nb;  // gate of pair t at gu + t * row, its up `up` floats after it
+  if (adjacent && r0 == 0 && nb == m.gate.n) {
+    CKExpertProj both = m.gate;
+    both.n = 2 * nb;
+    if (expert_rows(both, e, 0, 2 * nb, x, xs, count, gu)) return -1;
+    row = 2 * nb;
+    up = nb;
+  } else if (expert_rows(m.gate, e, r0, nb, x, xs, count, gu) ||
+             expert_rows(m.up, e, r0, nb, x, xs, count, gu + count * nb)) {
+    return -1;
+  }
+  for (long t = 0; t < count; ++t) {
+    const float *g = gu + t * row, *u = g + up;
+    float *a = act + t * m.gate.n + r0;
+    // as elementwise.cpp's silu_and_mul
+    for (long i = 0; i < nb; ++i) a[i] = g[i] * u[i] / (1.0f + fast_exp(-g[i]));
+  }
+  return 0;
+}
+
 static long round_up(long n, long to) { return (n + to - 1) / to * to; }
 
 // rows of a work item over `parts` runs of `size` rows each (items do not cross runs): whole
@@ -50,6 +90,100 @@ static long item_rows(long size, long parts, int nthreads, bool even) {
   return rows < kBlockRows ? kBlockRows : rows;
 }
 
+// The pass of the pairs below (moe_pass): starts [num_experts + 1], each expert's first pair;
+// pair_token / pair_weight, the pairs in that order; active, the experts with pairs, in id order;
+// rows [pairs, hidden], the pairs' inputs (float32); act [pairs, inter], scratch for SiLU(gate) * up;
+// acc [t1 - t0, hidden] (float32, zeroed) += the weighted expert outputs of tokens [t0, t1).
+struct Pass {
+  const CKExperts &m;
+  bool adjacent;  // gate_up_adjacent(m)
+  const long *active, *starts, *pair_token;
+  long num_active, t0;
+  const float *pair_weight;
+  float *rows, *act, *acc;
+
+  // acc's row of pair p += its weight times y [hidden columns from c0, nb of them]
+  void add(long p, long c0, long nb, const float *y) const {
+    const float w = pair_weight[p];
+    float *o = acc + (pair_token[p] - t0) * m.down.n + c0;
+    for (long i = 0; i < nb; ++i) o[i] += w * y[i];
+  }
+};
+
+// Batch 1 (each active expert one pair) with the active experts a whole number a thread: one
+// dispatch whose work items are whole experts, gate and up (one call where adjacent), SiLU and down
+// into the pair's own output row, then the weighted sum in expert id order. One pool barrier and two
+// weight streams a thread a layer at top 2 on 2 threads.
+static int whole_experts(const Pass &s, int nthreads) {
+  const long hidden = s.m.down.n, inter = s.m.gate.n, pairs = s.num_active;
+  float *y = (float *)malloc(sizeof(float) * pairs * hidden);
+  if (!y) return -1;
+  int failed = 0;
+  parallel_for(s.num_active, 1, nthreads, true, [&](long lo, long hi) {
+    float *gu = (float *)malloc(sizeof(float) * 2 * inter);
+    for (long item = lo; item < hi && gu; ++item) {
+      const long e = s.active[item], p = s.starts[e];
+      if (gate_up_act(s.m, s.adjacent, e, 0, inter, s.rows + p * hidden, hidden, 1, gu, s.act + p * inter) ||
+          expert_rows(s.m.down, e, 0, hidden, s.act + p * inter, inter, 1, y + p * hidden)) {
+        __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        break;
+      }
+    }
+    if (!gu) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+    free(gu);
+  });
+  for (long a = 0; a < s.num_active && !failed; ++a) {
+    const long p = s.starts[s.active[a]];
+    s.add(p, 0, hidden, y + p * hidden);
+  }
+  free(y);
+  return failed ? -1 : 0;
+}
+
+// Any batch: the two passes of the header. `even`: one pair an expert (item_rows); most: the most
+// pairs an expert has.
+static int split_experts(const Pass &s, bool even, long most, int nthreads) {
+  const long hidden = s.m.down.n, inter = s.m.gate.n;
+  int failed = 0;
+  const long b1 = item_rows(inter, s.num_active, nthreads, even), blocks1 = (inter + b1 - 1) / b1;
+  parallel_for(s.num_active * blocks1, 1, nthreads, true, [&](long lo, long hi) {
+    for (long item = lo; item < hi; ++item) {
+      const long e = s.active[item / blocks1], r0 = item % blocks1 * b1, nb = inter - r0 < b1 ? inter - r0 : b1;
+      const long first = s.starts[e], count = s.starts[e + 1] - first;
+      float *gu = (float *)malloc(sizeof(float) * 2 * count * nb);
+      const bool ok = gu && !gate_up_act(s.m, s.adjacent, e, r0, nb, s.rows + first * hidden, hidden, count, gu,
+                                         s.act + first * inter);
+      free(gu);
+      if (!ok) {
+        __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        return;
+      }
+    }
+  });
+  const long b2 = item_rows(hidden, 1, nthreads, even), blocks2 = (hidden + b2 - 1) / b2;
+  if (!failed)
+    parallel_for(blocks2, 1, nthreads, true, [&](long lo, long hi) {
+      float *y = (float *)malloc(sizeof(float) * most * b2);
+      if (!y) {
+        __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        return;
+      }
+      for (long item = lo; item < hi; ++item) {
+        const long c0 = item * b2, nb = hidden - c0 < b2 ? hidden - c0 : b2;
+        for (long a = 0; a < s.num_active; ++a) {
+          const long e = s.active[a], first = s.starts[e], count = s.starts[e + 1] - first;
+          if (expert_rows(s.m.down, e, c0, nb, s.act + first * inter, inter, count, y)) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+            break;
+          }
+          for (long t = 0; t < count; ++t) s.add(first + t, c0, nb, y + t * nb);
+        }
+      }
+      free(y);
+    });
+  return failed ? -1 : 0;
+}
+
 // One pass over tokens [t0, t1): acc [t1 - t0, hidden] (float32, zeroed) += the weighted expert outputs.
 // starts [num_experts + 1]: each expert's first pair; pair_token / pair_weight: the pairs in that order.
 static int moe_pass(const CKExperts &m, int dtype, const void *x, long x_stride, long t0, const long *starts,
@@ -62,7 +196,6 @@ static int moe_pass(const CKExperts &m, int dtype, const void *x, long x_stride,
     free(rows);
     return -1;
   }
-  float *act = rows + num_pairs * hidden;  // [pairs, inter]: SiLU(gate) * up
   long num_active = 0, most = 0;
   for (long e = 0; e < m.num_experts; ++e) {
     const long count = starts[e + 1] - starts[e];
@@ -78,58 +211,14 @@ static int moe_pass(const CKExperts &m, int dtype, const void *x, long x_stride,
     else
       for (long i = 0; i < hidden; ++i) dst[i] = to_f32(((const bf16_t *)src)[i]);
   }
-  int failed = 0;
+  const Pass pass = {m,  gate_up_adjacent(m), active, starts, pair_token, num_active, t0, pair_weight,
+                     rows, rows + num_pairs * hidden, acc};
   const bool even = most == 1;
-  const long b1 = item_rows(inter, num_active, nthreads, even), blocks1 = (inter + b1 - 1) / b1;
-  parallel_for(num_active * blocks1, 1, nthreads, true, [&](long lo, long hi) {
-    for (long item = lo; item < hi; ++item) {
-      const long e = active[item / blocks1], r0 = item % blocks1 * b1, nb = inter - r0 < b1 ? inter - r0 : b1;
-      const long first = starts[e], count = starts[e + 1] - first;
-      float *gu = (float *)malloc(sizeof(float) * 2 * count * nb);
-      if (!gu || expert_rows(m.gate, e, r0, nb, rows + first * hidden, hidden, count, gu) ||
-          expert_rows(m.up, e, r0, nb, rows + first * hidden, hidden, count, gu + count * nb)) {
-        __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-        free(gu);
-        return;
-      }
-      for (long t = 0; t < count; ++t) {
-        const float *g = gu + t * nb, *u = gu + (count + t) * nb;
-        float *a = act + (first + t) * inter + r0;
-        // as elementwise.cpp's silu_and_mul
-        for (long i = 0; i < nb; ++i) a[i] = g[i] * u[i] / (1.0f + fast_exp(-g[i]));
-      }
-      free(gu);
-    }
-  });
-  const long b2 = item_rows(hidden, 1, nthreads, even), blocks2 = (hidden + b2 - 1) / b2;
-  if (!failed)
-    parallel_for(blocks2, 1, nthreads, true, [&](long lo, long hi) {
-      float *y = (float *)malloc(sizeof(float) * most * b2);
-      if (!y) {
-        __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-        return;
-      }
-      for (long item = lo; item < hi; ++item) {
-        const long c0 = item * b2, nb = hidden - c0 < b2 ? hidden - c0 : b2;
-        for (long a = 0; a < num_active; ++a) {
-          const long e = active[a], first = starts[e], count = starts[e + 1] - first;
-          if (expert_rows(m.down, e, c0, nb, act + first * inter, inter, count, y)) {
-            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-            break;
-          }
-          for (long t = 0; t < count; ++t) {
-            const float w = pair_weight[first + t];
-            float *o = acc + (pair_token[first + t] - t0) * hidden + c0;
-            const float *yt = y + t * nb;
-            for (long i = 0; i < nb; ++i) o[i] += w * yt[i];
-          }
-        }
-      }
-      free(y);
-    });
+  const int status = even && num_active % nthreads == 0 ? whole_experts(pass, nthreads)
+                                                        : split_experts(pass, even, most, nthreads);
   free(active);
   free(rows);
-  return failed ? -1 : 0;
+  return status;
 }
 
 }  // namespace CK_NS

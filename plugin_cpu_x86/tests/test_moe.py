@@ -44,7 +44,9 @@ def native_calls(kernels):
 
 @pytest.mark.parametrize("prepack", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens,top_k", [(1, 2), (1, 3), (5, 3), (40, 2)])  # (1, 3): 3 experts of one pair
+# on 2 threads, (1, 2) takes whole experts a thread (gate and up in one call where no padding parts
+# them: float32 here, not bfloat16's 64-row tiles), the others blocks of rows
+@pytest.mark.parametrize("tokens,top_k", [(1, 2), (1, 3), (5, 3), (40, 2)])
 def test_dense_experts_match_the_default(kernels, ref, gen, rand, close, prepack, dtype, tokens, top_k):
     hidden, inter = 96, 160  # two work items of intermediate rows, the second partial
     experts = dense_experts(rand, gen, dtype, hidden, inter)
@@ -56,7 +58,7 @@ def test_dense_experts_match_the_default(kernels, ref, gen, rand, close, prepack
         assert prepared is experts, "bfloat16 experts as stored have no native kernel: the default runs them"
         return
     assert isinstance(prepared, NativeExperts)
-    assert (prepared.gate.code == BF16W) == (dtype == torch.bfloat16)
+    assert (prepared.gate_up.code == BF16W) == (dtype == torch.bfloat16)
     calls = native_calls(kernels)
     got = kernels.fused_moe(x, prepared, weights, ids)
     assert calls == [tokens]
@@ -74,7 +76,7 @@ def test_gguf_experts_stay_quantized(kernels, ref, gen, rand, prepack, qtype, to
     kernels.moe_prepack = prepack
     prepared = kernels.prepare_experts(experts, "gguf")
     assert isinstance(prepared, NativeExperts)
-    for projection in (prepared.gate, prepared.up, prepared.down):
+    for projection in (prepared.gate_up, prepared.down):
         assert projection.data.dtype in (torch.uint8, torch.int8), "the experts must stay quantized"
         assert (projection.group == 8) == (prepack and kernels.lib.x8_simd)
     x = rand((tokens, hidden), torch.float32, gen)

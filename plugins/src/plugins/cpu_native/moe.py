@@ -4,7 +4,9 @@ batch's expert products in one native call (native/src/moe.cpp, :func:`native_fu
 Each expert's gate, up and down projections are prepared as a dense linear's weight is
 (:meth:`plugins.cpu_native.linear.QuantLinearMixin.prepare_linear`), then each projection of all
 experts is stacked into one tensor, expert after expert, so the kernel finds any block of rows of
-any expert by arithmetic. With ``CPU_MOE_PREPACK`` (the default) GGUF blocks are repacked in
+any expert by arithmetic. An expert's gate and up rows are stored together, gate then up: where the
+intermediate size is a whole number of the format's row groups the kernel multiplies both in one
+call (one weight stream, one quantization of the activations). With ``CPU_MOE_PREPACK`` (the default) GGUF blocks are repacked in
 groups of 8 rows for the int16-activation kernel (the dense linears' default), bfloat16 experts
 packed in 64-row tiles for ``linear_bf16w`` (library variants with AVX512_BF16) and float32 ones
 kept as they are; ``CPU_MOE_PREPACK=0`` computes experts as stored: GGUF blocks in the file's
@@ -53,9 +55,10 @@ class ExpertsLayout(Structure):
 
 @dataclass(frozen=True)
 class PackedProjection:
-    """One projection of every expert: ``data [E, ...]``, each expert's ``out_features`` rows in
-    format ``code`` (a ``linear`` code with its flags, or :data:`BF16W`), padded to whole ``group``s
-    of rows; ``scales [E, padded rows]`` for the int8 formats, else None."""
+    """One projection of every expert: ``data [E, ...]``, each expert's ``parts`` parts (gate and up:
+    2) of ``out_features`` rows each in format ``code`` (a ``linear`` code with its flags, or
+    :data:`BF16W`), each part padded to whole ``group``s of rows; ``scales [E, parts * padded rows]``
+    for the int8 formats, else None."""
 
     data: torch.Tensor
     scales: torch.Tensor | None
@@ -63,33 +66,40 @@ class PackedProjection:
     out_features: int
     in_features: int
     group: int
+    parts: int = 1
 
-    def native(self) -> _ProjectionLayout:
-        """The kernel's description (pointers into :attr:`data` and :attr:`scales`)."""
+    def native(self, part: int = 0) -> _ProjectionLayout:
+        """The kernel's description of part ``part`` (pointers into :attr:`data` and :attr:`scales`)."""
         num_experts = self.data.shape[0]
         expert_bytes = self.data.numel() * self.data.element_size() // num_experts
         padded = -(-self.out_features // self.group) * self.group
-        if expert_bytes % padded:
-            raise ValueError(f"expert weights of {expert_bytes} bytes are not {padded} rows of equal size")
-        scales, stride = (None, 0) if self.scales is None else (self.scales.data_ptr(), self.scales.shape[1])
-        return _ProjectionLayout(self.data.data_ptr(), scales, expert_bytes, stride, expert_bytes // padded,
-                           self.out_features, self.in_features, self.group, self.code)  # fmt: skip
+        if expert_bytes % (self.parts * padded):
+            raise ValueError(
+                f"expert weights of {expert_bytes} bytes are not {self.parts} x {padded} rows of equal size"
+            )
+        row_bytes = expert_bytes // (self.parts * padded)
+        w = self.data.data_ptr() + part * padded * row_bytes
+        scales, stride = (None, 0)
+        if self.scales is not None:
+            scales = self.scales.data_ptr() + part * padded * self.scales.element_size()
+            stride = self.scales.shape[1]
+        return _ProjectionLayout(w, scales, expert_bytes, stride, row_bytes, self.out_features, self.in_features,
+                                 self.group, self.code)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class NativeExperts:
     """A MoE layer's experts as :func:`pack_experts` packed them for native/src/moe.cpp."""
 
-    gate: PackedProjection
-    up: PackedProjection
+    gate_up: PackedProjection  # 2 parts: gate, up
     down: PackedProjection
     num_experts: int
     #: the kernel's description, built once
     native: ExpertsLayout = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        native = ExpertsLayout(self.gate.native(), self.up.native(), self.down.native(), self.num_experts)
-        object.__setattr__(self, "native", native)
+        gate, up = self.gate_up.native(0), self.gate_up.native(1)
+        object.__setattr__(self, "native", ExpertsLayout(gate, up, self.down.native(), self.num_experts))
 
     @property
     def hidden_size(self) -> int:
@@ -97,7 +107,7 @@ class NativeExperts:
 
     @property
     def intermediate_size(self) -> int:
-        return self.gate.out_features
+        return self.gate_up.out_features
 
 
 def _rows(weight: Any, start: int, stop: int) -> Any:
@@ -117,19 +127,22 @@ def _prepare(kernels: Any, weight: Any, quantization: str | None, prepack: bool)
 
 
 def _stack(parts: list[Any]) -> PackedProjection | None:
-    """Prepared projections of every expert (one format) as one :class:`PackedProjection`, or None
-    when the native kernel does not take their format."""
-    first = parts[0]
+    """Prepared projections of every expert (one format; each expert's a list of its parts, gate and
+    up or down alone) as one :class:`PackedProjection`, or None when the native kernel does not take
+    their format."""
+    first, count = parts[0][0], len(parts[0])
     if isinstance(first, QuantizedWeight) and first.perm is None and first.fp8_activations is None:
-        scales = None if first.scales is None else torch.stack([p.scales for p in parts])
-        return PackedProjection(torch.stack([p.data for p in parts]), scales, first.call_code, first.out_features,
-                                first.in_features, GROUP if first.interleaved else 1)  # fmt: skip
+        data = torch.stack([torch.cat([p.data.reshape(-1) for p in expert]) for expert in parts])
+        scales = None if first.scales is None else torch.stack([torch.cat([p.scales for p in e]) for e in parts])
+        return PackedProjection(data, scales, first.call_code, first.out_features, first.in_features,
+                                GROUP if first.interleaved else 1, count)  # fmt: skip
     if isinstance(first, Bf16Weight):
-        packed = torch.stack([p.packed for p in parts])
-        return PackedProjection(packed, None, BF16W, first.out_features, first.in_features, GROUP_ROWS)
+        packed = torch.stack([torch.cat([p.packed.reshape(-1) for p in expert]) for expert in parts])
+        return PackedProjection(packed, None, BF16W, first.out_features, first.in_features, GROUP_ROWS, count)
     if isinstance(first, torch.Tensor) and first.dtype == torch.float32:
         rows, cols = first.shape
-        return PackedProjection(torch.stack(parts).contiguous(), None, F32W, rows, cols, 1)
+        data = torch.stack([torch.cat([p.reshape(-1) for p in expert]) for expert in parts])
+        return PackedProjection(data, None, F32W, rows, cols, 1, count)
     return None
 
 
@@ -141,16 +154,17 @@ def pack_experts(kernels: Any, experts: ExpertWeights, quantization: str | None,
     hidden = first_down.shape[0] if isinstance(first_down, torch.Tensor) else first_down.rows
     if hidden % 32 or inter % 32:  # the linears' kernels take whole blocks of 32 inputs
         return None
-    projections: dict[str, list[Any]] = {"gate": [], "up": [], "down": []}
+    gate_up: list[list[Any]] = []
+    down: list[list[Any]] = []
     for index in range(num):
-        gate_up = experts.stored("gate_up", index)
-        for name, weight in (("gate", _rows(gate_up, 0, inter)), ("up", _rows(gate_up, inter, 2 * inter)),
-                             ("down", experts.stored("down", index))):  # fmt: skip
-            projections[name].append(_prepare(kernels, weight, quantization, prepack))
-    stacked = {name: _stack(parts) for name, parts in projections.items()}
-    if any(p is None for p in stacked.values()):
+        stored = experts.stored("gate_up", index)
+        gate_up.append([_prepare(kernels, _rows(stored, start, start + inter), quantization, prepack)
+                        for start in (0, inter)])  # fmt: skip
+        down.append([_prepare(kernels, experts.stored("down", index), quantization, prepack)])
+    packed_gate_up, packed_down = _stack(gate_up), _stack(down)
+    if packed_gate_up is None or packed_down is None:
         return None
-    return NativeExperts(stacked["gate"], stacked["up"], stacked["down"], num)
+    return NativeExperts(packed_gate_up, packed_down, num)
 
 
 def native_fused_moe(
