@@ -95,12 +95,13 @@ static inline void tile_pack_values(const R *const *rows, long valid, long d, ui
   }
 }
 
-// The four C tiles (0-3) and the B tile(s) of the products below, one way per unit: the tile
-// unit's registers (AmxTiles: C tile C += A B is TDPBF16PS on A's tiles 6 (hi) and 7 (lo) and B's
-// tiles 4 (hi) and 5 (lo), whose register numbers the instructions take as literals, hence the
-// cases), or zmm registers (VecTiles: per row m of A and k-pair kk, one vdpbf16ps of A's pair
-// (m, kk) broadcast with B's row kk, the 16 column pairs). Both: begin() on the calling thread
-// before the first product, end() after the last.
+// The products of tile_prompt_item (tile_scores, tile_values), one way per unit: on the tile
+// unit's registers (AmxTiles: four C tiles 0-3, C tile C += A B is TDPBF16PS on A's tiles 6 (hi)
+// and 7 (lo) and B's tiles 4 (hi) and 5 (lo), whose register numbers the instructions take as
+// literals, hence the cases), or with vdpbf16ps on zmm registers (VecTiles: the overloads below
+// keep a C tile's rows in registers, per row m of A and k-pair kk one vdpbf16ps of A's pair
+// (m, kk) broadcast with B's row kk). Both: begin() on the calling thread before the first
+// product, end() after the last.
 #if defined(__AMX_BF16__)
 #define CK_TILE_CASES(OP) \
   if constexpr (C == 0) { \
@@ -143,36 +144,106 @@ struct AmxTiles {
 #undef CK_TILE_CASES
 #endif  // __AMX_BF16__
 
+// vdpbf16ps in zmm registers: no tile state, only tile_scores / tile_values' overloads below
 struct VecTiles {
-  alignas(64) float c[4][256];
-  const uint16_t *b = NULL;
   static bool ready() { return true; }
   void begin() {}
   void end() {}
-  template <int C> void zero() { memset(c[C], 0, sizeof(c[C])); }
-  template <bool kHiOnly> void load_b(const uint16_t *p) {
-    static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
-    b = p;
-  }
-  // A rows 8 at a time, their 8 accumulators interleaved per k-pair: independent vdpbf16ps
-  // chains, where one row's 16 in sequence would wait on the instruction's latency
-  template <int C, bool kHiOnly> void products(const uint16_t *a) {
-    __m512bh bv[16];
-    for (int kk = 0; kk < 16; ++kk) bv[kk] = (__m512bh)_mm512_load_si512(b + 32 * kk);
-    for (int m0 = 0; m0 < 16; m0 += 8) {
-      __m512 acc[8];
-      for (int m = 0; m < 8; ++m) acc[m] = _mm512_load_ps(c[C] + 16 * (m0 + m));
-      for (int kk = 0; kk < 16; ++kk)
-        for (int m = 0; m < 8; ++m) {
-          int32_t pair;
-          memcpy(&pair, a + 32 * (m0 + m) + 2 * kk, 4);
-          acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(pair), bv[kk]);
-        }
-      for (int m = 0; m < 8; ++m) _mm512_store_ps(c[C] + 16 * (m0 + m), acc[m]);
-    }
-  }
-  template <int C> void store(float *dst) { memcpy(dst, c[C], sizeof(c[C])); }
 };
+
+// S^T for keys j0 .. j0 + 31 (32 x 16 tokens, float32) into sc: for each 16 keys (C tile 0, and
+// tile 1 if `both`, else zeros) the sum over d's steps of K's A tiles at kp (a step's 512 values
+// apart, the second 16 keys `steps` steps on) times Q^T's B tiles at qt
+template <bool kHiOnly, typename Tiles>
+static inline void tile_scores(Tiles &tiles, const uint16_t *qt, const uint16_t *kp, long steps, bool both, float *sc) {
+  constexpr long parts = kHiOnly ? 1 : 2;
+  tiles.template zero<0>();
+  tiles.template zero<1>();
+  for (long s = 0; s < steps; ++s) {
+    tiles.template load_b<kHiOnly>(qt + s * parts * 512);
+    tiles.template products<0, kHiOnly>(kp + s * parts * 512);
+    if (both) tiles.template products<1, kHiOnly>(kp + (steps + s) * parts * 512);
+  }
+  tiles.template store<0>(sc);
+  tiles.template store<1>(sc + 256);
+}
+
+// O^T = O^T corr + V^T P^T for the 16 columns x 16 tokens of acc per 16 columns of d (cols of
+// them): V's A tiles at va (a column tile's 512 values apart) times P^T's B tile at pt
+template <bool kHiOnly, typename Tiles>
+static inline void tile_values(Tiles &tiles, const uint16_t *pt, const uint16_t *va, long cols, __m512 corr,
+                               float *acc) {
+  constexpr long parts = kHiOnly ? 1 : 2;
+  alignas(64) float ob[64 * 16];
+  tiles.template load_b<kHiOnly>(pt);
+  for (long c0 = 0; c0 < cols; c0 += 4) {  // 64 columns of d at a time
+    const long nc = cols - c0 < 4 ? cols - c0 : 4;
+    const uint16_t *v = va + c0 * parts * 512;
+    tiles.template zero<0>();
+    tiles.template zero<1>();
+    tiles.template zero<2>();
+    tiles.template zero<3>();
+    tiles.template products<0, kHiOnly>(v);
+    if (nc > 1) tiles.template products<1, kHiOnly>(v + parts * 512);
+    if (nc > 2) tiles.template products<2, kHiOnly>(v + 2 * parts * 512);
+    if (nc > 3) tiles.template products<3, kHiOnly>(v + 3 * parts * 512);
+    tiles.template store<0>(ob);
+    tiles.template store<1>(ob + 256);
+    tiles.template store<2>(ob + 512);
+    tiles.template store<3>(ob + 768);
+    float *a = acc + 16 * 16 * c0;
+    for (long i = 0; i < 16 * nc; ++i)
+      _mm512_store_ps(a + 16 * i, _mm512_fmadd_ps(_mm512_load_ps(a + 16 * i), corr, _mm512_load_ps(ob + 16 * i)));
+  }
+}
+
+// A's bfloat16 pair (m, kk) of a 16 x 32 tile broadcast to the 16 lanes
+static inline __m512bh tile_pair(const uint16_t *a, long m, long kk) {
+  int32_t pair;
+  memcpy(&pair, a + 32 * m + 2 * kk, 4);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+// tile_scores on vdpbf16ps: a C tile's 16 rows (keys) are 16 accumulators in registers,
+// independent chains over d's k-pairs, each one vdpbf16ps of K's broadcast pair with Q^T's row
+template <bool kHiOnly>
+static inline void tile_scores(VecTiles &, const uint16_t *qt, const uint16_t *kp, long steps, bool both, float *sc) {
+  static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
+  for (long half = 0; half < 2; ++half) {
+    __m512 c[16];
+    for (int m = 0; m < 16; ++m) c[m] = _mm512_setzero_ps();
+    const long n = half == 0 || both ? steps : 0;  // the second 16 keys' scores stay zeros without `both`
+    for (long s = 0; s < n; ++s) {
+      const uint16_t *a = kp + (half * steps + s) * 512, *b = qt + s * 512;
+      for (int kk = 0; kk < 16; ++kk) {
+        const __m512bh bv = (__m512bh)_mm512_load_si512(b + 32 * kk);
+        for (int m = 0; m < 16; ++m) c[m] = _mm512_dpbf16_ps(c[m], bv, tile_pair(a, m, kk));
+      }
+    }
+    for (int m = 0; m < 16; ++m) _mm512_store_ps(sc + 256 * half + 16 * m, c[m]);
+  }
+}
+
+// tile_values on vdpbf16ps: P^T's 16 rows stay in registers; per 8 rows of O^T (columns of d)
+// 8 accumulators loaded, times corr, then 16 k-pairs of V's broadcast pair with P^T's row
+// each, interleaved over the 8 rows, and stored once
+template <bool kHiOnly>
+static inline void tile_values(VecTiles &, const uint16_t *pt, const uint16_t *va, long cols, __m512 corr,
+                               float *acc) {
+  static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
+  __m512bh p[16];
+  for (int kk = 0; kk < 16; ++kk) p[kk] = (__m512bh)_mm512_load_si512(pt + 32 * kk);
+  for (long c = 0; c < cols; ++c)
+    for (int r0 = 0; r0 < 16; r0 += 8) {
+      float *a = acc + 16 * (16 * c + r0);
+      const uint16_t *v = va + c * 512 + 32 * r0;
+      __m512 o[8];
+      for (int m = 0; m < 8; ++m) o[m] = _mm512_mul_ps(_mm512_load_ps(a + 16 * m), corr);
+      for (int kk = 0; kk < 16; ++kk)
+        for (int m = 0; m < 8; ++m) o[m] = _mm512_dpbf16_ps(o[m], p[kk], tile_pair(v, m, kk));
+      for (int m = 0; m < 8; ++m) _mm512_store_ps(a + 16 * m, o[m]);
+    }
+}
 
 // One work item: query tokens t0 .. t0 + rows - 1 (rows <= 16) of a sequence, the query heads
 // of kv head kvh, over its packed K (kp) and V (vp). Token r sees keys 0 .. first_visible + r - 1,
@@ -190,7 +261,7 @@ static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, lo
   const long first_key = window > 0 && first_visible > window ? first_visible - window : 0;  // token 0's first
   const __mmask16 tokens = (__mmask16)((1u << rows) - 1);
   alignas(64) uint16_t qt[kMaxHead / 32 * 2 * 512], pt[2 * 512];
-  alignas(64) float sc[32 * 16], ob[64 * 16], acc[kMaxHead * 16];  // [key or column][token]
+  alignas(64) float sc[32 * 16], acc[kMaxHead * 16];  // [key or column][token]
   for (long g = 0; g < group; ++g) {
     const long h = kvh * group + g;
     for (long s = 0; s < steps; ++s) {  // Q^T's B tiles: a step's 16 pairs of d x 16 tokens, scaled
@@ -217,15 +288,7 @@ static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, lo
     for (long i = 0; i < d; ++i) _mm512_store_ps(acc + 16 * i, _mm512_setzero_ps());
     for (long j0 = first_key / 32 * 32; j0 < n_keys; j0 += 32) {
       const long kb = j0 / 32;
-      tiles.template zero<0>();
-      tiles.template zero<1>();
-      for (long s = 0; s < steps; ++s) {
-        tiles.template load_b<kHiOnly>(qt + s * parts * 512);
-        tiles.template products<0, kHiOnly>(kp + ((2 * kb) * steps + s) * parts * 512);
-        if (j0 + 16 < n_keys) tiles.template products<1, kHiOnly>(kp + ((2 * kb + 1) * steps + s) * parts * 512);
-      }
-      tiles.template store<0>(sc);
-      tiles.template store<1>(sc + 256);
+      tile_scores<kHiOnly>(tiles, qt, kp + 2 * kb * steps * parts * 512, steps, j0 + 16 < n_keys, sc);
       // key j0 + j is seen by tokens r >= j0 + j - first_visible + 1 (a sliding window: and
       // r <= j0 + j + window - first_visible)
       __mmask16 seen[32];
@@ -250,26 +313,7 @@ static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, lo
       }
       l = _mm512_fmadd_ps(l, corr, sum);
       m = mx;
-      tiles.template load_b<kHiOnly>(pt);
-      for (long c0 = 0; c0 < cols; c0 += 4) {  // O^T += V^T P^T, 64 columns of d at a time
-        const long nc = cols - c0 < 4 ? cols - c0 : 4;
-        const uint16_t *va = vp + (kb * cols + c0) * parts * 512;
-        tiles.template zero<0>();
-        tiles.template zero<1>();
-        tiles.template zero<2>();
-        tiles.template zero<3>();
-        tiles.template products<0, kHiOnly>(va);
-        if (nc > 1) tiles.template products<1, kHiOnly>(va + parts * 512);
-        if (nc > 2) tiles.template products<2, kHiOnly>(va + 2 * parts * 512);
-        if (nc > 3) tiles.template products<3, kHiOnly>(va + 3 * parts * 512);
-        tiles.template store<0>(ob);
-        tiles.template store<1>(ob + 256);
-        tiles.template store<2>(ob + 512);
-        tiles.template store<3>(ob + 768);
-        float *a = acc + 16 * 16 * c0;
-        for (long i = 0; i < 16 * nc; ++i)
-          _mm512_store_ps(a + 16 * i, _mm512_fmadd_ps(_mm512_load_ps(a + 16 * i), corr, _mm512_load_ps(ob + 16 * i)));
-      }
+      tile_values<kHiOnly>(tiles, pt, vp + kb * cols * parts * 512, cols, corr, acc);
     }
     const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
     for (long c = 0; c < cols; ++c) {  // O's rows: 16 columns of d at a time, transposed back
