@@ -9,7 +9,8 @@ on the same random token ids, prefix caching off, a 1 GiB KV cache. The configur
 ``openvino`` (``--device openvino``, float32, its defaults), ``openvino-bf16-u8`` (bfloat16 compute
 and OpenVINO's u8 KV blocks, the precisions openvino-genai picks on a CPU with AVX512_BF16),
 ``openvino-genai-settings`` (those, and int8 activations in groups of 32 into the compressed-weight
-products: openvino-genai's CPU defaults), ``openvino-genai-model`` (those, and Q4_1 zero points
+products: openvino-genai's CPU defaults; the file's exact Q4_1 weights, in the split form int8
+activations run), ``openvino-genai-model`` (those, and Q4_1 zero points
 rounded to 4-bit integers as openvino-genai's GGUF reader does: the model openvino-genai runs,
 not the file's exact one),
 ``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the

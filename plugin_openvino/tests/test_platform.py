@@ -115,3 +115,14 @@ def test_dynamic_quantization_is_off_unless_asked(monkeypatch):
     monkeypatch.setenv("CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE", "32")
     properties = OpenVinoPlatform().compile_properties(torch.bfloat16, "u8")
     assert properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 32 and properties["KEY_CACHE_QUANT_MODE"] == "BY_CHANNEL"
+
+
+@pytest.mark.parametrize(
+    ("group_size", "integer_zero_points", "form"),
+    [("0", "0", "f16"), ("32", "0", "split"), ("0", "1", "round"), ("32", "1", "round")],
+)
+def test_q4_1_form(monkeypatch, group_size, integer_zero_points, form):
+    """Exact unless rounded zero points are asked for; split under int8 activations."""
+    monkeypatch.setenv("CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE", group_size)
+    monkeypatch.setenv("CORE_OPENVINO_Q4_1_INTEGER_ZERO_POINTS", integer_zero_points)
+    assert OpenVinoPlatform().q4_1_form() == form

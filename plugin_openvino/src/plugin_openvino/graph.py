@@ -42,7 +42,7 @@ class GraphBuilder:
         as long as any model compiled from the graph).
     """
 
-    def __init__(self, desc: ModelDescription, compress_weights: bool, kv_type: Any, round_q4_1: bool = False) -> None:
+    def __init__(self, desc: ModelDescription, compress_weights: bool, kv_type: Any, q4_1: str = "f16") -> None:
         _need(len(desc.layers) > 0, "no layers")
         _need(desc.sliding_window is None, "sliding-window attention")
         for i, layer in enumerate(desc.layers):
@@ -50,7 +50,7 @@ class GraphBuilder:
             _need(layer.kv_scale is None, f"layer {i} has a one-byte (FP8) KV cache")
         self.desc = desc
         self.compress = compress_weights
-        self.round_q4_1 = round_q4_1
+        self.q4_1 = q4_1
         self.kv_type = kv_type
         self.keep: list[torch.Tensor] = []
 
@@ -103,7 +103,7 @@ class GraphBuilder:
         :raises NotBuildable: for a weight form the graph does not take.
         """
         try:
-            return matmul_node(x, weight, self.keep, self.compress, self.round_q4_1)
+            return matmul_node(x, weight, self.keep, self.compress, self.q4_1)
         except TypeError as exc:
             raise NotBuildable(f"linear weights of form {exc}") from None
 

@@ -182,6 +182,17 @@ class OpenVinoPlatform(CpuPlatform):
             "INFERENCE_NUM_THREADS": self.num_threads,
         }
 
+    def q4_1_form(self) -> str:
+        """The form of GGUF Q4_1 products in the graph (:data:`plugin_openvino.weights.Q4_1_FORMS`):
+        ``round`` under ``OPENVINO_Q4_1_INTEGER_ZERO_POINTS`` (openvino-genai's model, not the
+        file's); else, with int8 activations (``OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE``),
+        ``split``: the file's exact weights as a product without zero points, which OpenVINO runs
+        on int8 activations, plus the blocks' minimums times the activations' block sums; else
+        ``f16`` zero points (one product, float activations)."""
+        if self.env["OPENVINO_Q4_1_INTEGER_ZERO_POINTS"]:
+            return "round"
+        return "split" if self.env["OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE"] else "f16"
+
     def bind_compute_threads(self, cpus: list[int]) -> str:
         super().bind_compute_threads(cpus)
         return f"; OpenVINO runs {len(cpus)} threads"

@@ -70,8 +70,7 @@ class OpenVinoRunner(Runner):
         if cache_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.uint8):
             raise NotBuildable(f"KV cache dtype {cache_dtype}")
         kv_type = OV_TYPES[cache_dtype]()
-        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type,
-                               plat.env["OPENVINO_Q4_1_INTEGER_ZERO_POINTS"])  # fmt: skip
+        builder = GraphBuilder(desc, plat.env["OPENVINO_ENABLE_QUANTIZED_WEIGHTS"], kv_type, plat.q4_1_form())
         graph = builder.build()
         properties = plat.compile_properties(desc.dtype, kv_type.get_type_name())
         compiled = ov.Core().compile_model(graph, plat.env["OPENVINO_DEVICE"], properties)
@@ -86,6 +85,9 @@ class OpenVinoRunner(Runner):
         lm_head = self._compile_lm_head(desc, builder, properties)
         self._compiled, self.request, self._keep, self._lm_head = compiled, request, keep, lm_head
         self._dtype = desc.dtype
+        # torch is left the sampler's small products: its OpenMP threads, spinning after each one,
+        # would take the CPUs from OpenVINO's threads (a 2-CPU decode step lost ~9 ms a step to them)
+        torch.set_num_threads(1)
         logger.info("%s runner: each step as one compiled OpenVINO model on %s (KV cache %s, compute %s%s)",
                     plat.name, plat.env["OPENVINO_DEVICE"], kv_type.get_type_name(),
                     properties["INFERENCE_PRECISION_HINT"], "" if lm_head is None else ", LM head in OpenVINO")  # fmt: skip

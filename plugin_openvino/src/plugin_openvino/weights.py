@@ -7,13 +7,14 @@ blocks map onto it, their f16 scales kept as they are:
 
 - ``Q8_0`` (``w = d * q``, q int8): i8 codes, one scale per block;
 - ``Q4_0`` (``w = d * (q - 8)``, q 4-bit): u4 codes, zero point 8;
-- ``Q4_1`` (``w = d * q + m``): u4 codes, zero point ``-m / d`` in f16 (within 2^-11 of a
-  step of the exact one; a block with ``d == 0`` holds ``m`` everywhere: codes 1, scale ``m``,
-  zero point 0). openvino-genai rounds that zero point to a 4-bit integer instead, which moves
-  every weight of a block by up to half a step; ``round_q4_1`` does the same here (opt-in:
-  integer zero points let int8 activations run the product). An exact split (``d * q`` plus a second
-  product ``blocksums(x) @ m.T``) costs a small float32 product per linear: a fifth of a
-  decode step here.
+- ``Q4_1`` (``w = d * q + m``), in one of three forms (:data:`Q4_1_FORMS`):
+  ``f16``: u4 codes, zero point ``-m / d`` in f16 (within 2^-11 of a step of the exact one; a
+  block with ``d == 0`` holds ``m`` everywhere: codes 1, scale ``m``, zero point 0);
+  ``split``: u4 codes times ``d`` with no zero point, plus a second, small product
+  ``blocksums(x) @ m.T`` (exact: OpenVINO's CPU plugin runs int8 activations only into products
+  with integer zero points, and this one has none); ``round``: zero points rounded to 4-bit
+  integers as openvino-genai's GGUF reader does, which moves every weight of a block by up to
+  half a step (not the file's model).
 
 GGUF packs element ``j`` and ``j + 16`` of a block in one byte; OpenVINO's u4 packs
 elements ``2i`` and ``2i + 1``: the nibbles are reordered once here. The constants share
@@ -29,6 +30,9 @@ from plugins.kernels import GGUFWeight
 
 #: GGUF types kept compressed; others are dequantized to dense constants
 COMPRESSED_GGUF = frozenset({"Q8_0", "Q4_0", "Q4_1"})
+#: the forms of a Q4_1 product (see the module docstring): "f16" zero points, "split" (exact,
+#: int8 activations run its main product), "round" (openvino-genai's integer zero points, not exact)
+Q4_1_FORMS = ("f16", "split", "round")
 _BLOCK = 32
 
 
@@ -99,7 +103,7 @@ def _u4_zero_points(zero: torch.Tensor) -> torch.Tensor:
     return (codes[0::2] | (codes[1::2] << 4)).contiguous()
 
 
-def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], round_q4_1: bool) -> Any:
+def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], q4_1: str) -> Any:
     """``x @ w.T`` of a Q8_0/Q4_0/Q4_1 weight ``w`` kept compressed (see the module docstring)."""
     import openvino as ov
     import openvino.opset13 as ops
@@ -114,6 +118,18 @@ def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], rou
     elif qtype == "Q4_0":
         codes = constant(_repack_u4(data[..., 2:]), keep, ov.Type.u4, [rows, nblocks, _BLOCK])
         zero = ops.constant(8.0, ov.Type.f16)
+    elif q4_1 == "split":  # d * q with no zero point, plus blocksums(x) @ m.T
+        minimum = _f16(data[..., 2:4]).reshape(rows, nblocks)
+        codes = constant(_repack_u4(data[..., 4:]), keep, ov.Type.u4, [rows, nblocks, _BLOCK])
+        blocksums = ops.reduce_sum(
+            ops.reshape(x, ops.constant([0, nblocks, _BLOCK], ov.Type.i64), special_zero=True),
+            ops.constant([2], ov.Type.i64),
+        )
+        minimums = ops.convert(constant(minimum, keep), ov.Type.f32)
+        return ops.add(
+            ops.matmul(x, _decompressed(codes, None, scale, rows, cols, keep), False, True),
+            ops.matmul(blocksums, minimums, False, True),
+        )
     else:  # Q4_1
         minimum = _f16(data[..., 2:4]).reshape(rows, nblocks, 1)
         packed = _repack_u4(data[..., 4:])
@@ -122,7 +138,7 @@ def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], rou
             packed = torch.where(flat, torch.full_like(packed, 0x11), packed)
             scale = torch.where(flat, minimum, scale)
         zero_points = torch.where(flat, 0.0, -minimum.float() / scale.float())
-        if round_q4_1:
+        if q4_1 == "round":
             zero = ops.convert(
                 constant(_u4_zero_points(zero_points), keep, ov.Type.u4, [rows, nblocks, 1]), ov.Type.f16
             )
@@ -132,12 +148,12 @@ def _compressed_matmul(x: Any, weight: GGUFWeight, keep: list[torch.Tensor], rou
     return ops.matmul(x, _decompressed(codes, zero, scale, rows, cols, keep), False, True)
 
 
-def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool, round_q4_1: bool = False) -> Any:
+def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool, q4_1: str = "f16") -> Any:
     """``x @ weight.T`` of a linear's ``[out, in]`` weight, as a graph node of ``x``'s ``[T, in]`` f32.
 
     :param weight: a dense tensor or a :class:`GGUFWeight` (what the platform's kernels kept).
     :param compress: keep Q8_0/Q4_0/Q4_1 blocks compressed (else dequantize them).
-    :param round_q4_1: Q4_1 zero points rounded to 4-bit integers as openvino-genai does (not exact).
+    :param q4_1: the form of a Q4_1 weight (:data:`Q4_1_FORMS`).
     :raises TypeError: for a weight form the graph does not take (integer checkpoints).
     """
     import openvino as ov
@@ -145,7 +161,9 @@ def matmul_node(x: Any, weight: Any, keep: list[torch.Tensor], compress: bool, r
 
     if isinstance(weight, GGUFWeight):
         if compress and weight.qtype in COMPRESSED_GGUF and weight.cols % _BLOCK == 0:
-            return _compressed_matmul(x, weight, keep, round_q4_1)
+            if q4_1 not in Q4_1_FORMS:
+                raise ValueError(f"Q4_1 form {q4_1!r}: choose from {', '.join(Q4_1_FORMS)}")
+            return _compressed_matmul(x, weight, keep, q4_1)
         weight = weight.dequantize()
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise TypeError(f"a {type(weight).__name__} weight")
