@@ -18,12 +18,14 @@ with ``gguf.quants.dequantize``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from plugins.cpu_native.bf16 import GELU_CODES, Bf16Weight, bf16_linear, pack_bf16
+from plugins.cpu_native.hugepages import HugePageArena
 from plugins.cpu_native.int_linear import native_form
 from plugins.cpu_native.library import (
     ACT16,
@@ -270,8 +272,17 @@ class QuantLinearMixin:
         if w.in_features % 32 or w.code not in X8_CODES:
             return w
         if w.per_token or self.quantize_activations:
-            return w.to_x8()
-        return w.to_x8(act16=True) if self.lib.x8_simd else w
+            return self._on_huge_pages(w.to_x8())
+        return self._on_huge_pages(w.to_x8(act16=True)) if self.lib.x8_simd else w
+
+    @cached_property
+    def weight_arena(self) -> HugePageArena:
+        """Where the repacked weights live: memory in transparent huge pages (:mod:`plugins.cpu_native.hugepages`)."""
+        return HugePageArena()
+
+    def _on_huge_pages(self, w: QuantizedWeight) -> QuantizedWeight:
+        """``w`` with its data copied into :attr:`weight_arena` (a batch-1 step streams it with few TLB misses)."""
+        return replace(w, data=self.weight_arena.copy(w.data))
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, QuantizedWeight):

@@ -1,0 +1,93 @@
+"""The huge-page arena of the repacked quantized weights (plugins/cpu_native/hugepages.py)."""
+
+import gc
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from plugin_cpu_x86.platform import ISA_TABLE
+from plugins.cpu_native.hugepages import ALIGN, CHUNK, HugePageArena, huge_pages_supported
+from plugins.cpu_native.kernels import NativeCpuKernels
+from plugins.kernels import GGUFWeight
+
+pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="no MADV_HUGEPAGE on this platform")
+
+
+def vm_flags(ptr: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds address ``ptr`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= ptr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {ptr:#x}")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.float32])
+@pytest.mark.parametrize("shape", [(1,), (3, 7), (2 << 10, 300)])
+def test_copy_is_equal_aligned_and_marked(dtype, shape):
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randint(-100, 100, shape, generator=gen).to(dtype)
+    out = HugePageArena().copy(t)
+    assert out.dtype == t.dtype and out.shape == t.shape and out.is_contiguous()
+    assert torch.equal(out, t)
+    assert out.data_ptr() != t.data_ptr() and out.data_ptr() % ALIGN == 0
+    assert "hg" in vm_flags(out.data_ptr())  # MADV_HUGEPAGE
+
+
+def test_small_copies_share_a_mapping_large_ones_get_their_own():
+    arena = HugePageArena()
+    a, b = arena.copy(torch.ones(100, dtype=torch.uint8)), arena.copy(torch.ones(100, dtype=torch.uint8))
+    assert b.data_ptr() - a.data_ptr() == 128  # the next cache line of the same mapping
+    big = arena.copy(torch.ones(CHUNK + 1, dtype=torch.uint8))
+    c = arena.copy(torch.ones(100, dtype=torch.uint8))
+    assert c.data_ptr() - a.data_ptr() == 256  # the big copy did not take the shared mapping's space
+    assert big.data_ptr() % (2 << 20) == 0 and big[-1].item() == 1 and "hg" in vm_flags(big.data_ptr())
+
+
+def test_a_full_mapping_opens_another():
+    arena = HugePageArena()
+    first = arena.copy(torch.ones(CHUNK - ALIGN, dtype=torch.uint8))
+    second = arena.copy(torch.full((2 * ALIGN,), 7, dtype=torch.uint8))
+    assert not first.data_ptr() <= second.data_ptr() < first.data_ptr() + CHUNK
+    assert torch.equal(second, torch.full((2 * ALIGN,), 7, dtype=torch.uint8))
+
+
+def test_copies_outlive_the_arena():
+    arena = HugePageArena()
+    out = arena.copy(torch.arange(1000, dtype=torch.float32))
+    del arena
+    gc.collect()
+    assert torch.equal(out, torch.arange(1000, dtype=torch.float32))
+
+
+def test_empty_tensor_is_returned_as_is():
+    t = torch.empty(0, 32, dtype=torch.uint8)
+    assert HugePageArena().copy(t) is t
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_prepared_x8_weights_live_in_huge_pages(isa):
+    """The default path's (int16) and int8 activations' repacked weights: in the arena, same products."""
+    if isa not in ISA_TABLE.choices:
+        pytest.skip(f"no {isa} choice")
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 64, generator=gen)
+    data = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    weight = GGUFWeight("Q4_0", torch.from_numpy(np.ascontiguousarray(data)), 40, 64)
+    x = torch.randn(3, 64, generator=gen)
+    for quantize_activations in (False, True):
+        kernels = NativeCpuKernels(ISA_TABLE, isa, num_threads=2, quantize_activations=quantize_activations)
+        prepared = kernels.prepare_linear(weight, "gguf")
+        if not prepared.interleaved:
+            pytest.skip(f"{kernels.isa}: weights kept as stored")
+        assert "hg" in vm_flags(prepared.data_ptr)
+        plain = prepared.__class__(
+            prepared.fmt, prepared.code, prepared.data.clone(), None, 40, 64, act16=prepared.act16
+        )  # the same weight in ordinary memory
+        assert torch.equal(kernels.linear(x, prepared), kernels.linear(x, plain))
