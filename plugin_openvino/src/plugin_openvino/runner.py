@@ -134,15 +134,15 @@ class OpenVinoRunner(Runner):
         block_size = self._block_size
         num_blocks = -(-seq_lens // block_size)
         tables = meta.block_tables.cpu().numpy()
-        block_indices = np.concatenate([row[:n] for row, n in zip(tables, num_blocks, strict=True)]).astype(np.int32)
+        block_indices = np.concatenate([row[:n] for row, n in zip(tables, num_blocks, strict=True)])
         request = self.request
-        request.set_tensor("input_ids", _host(inputs.input_ids, np.int64))
-        request.set_tensor("positions", _host(inputs.positions, np.int64))
-        request.set_tensor("past_lens", _ov(seq_lens - query_lens))
-        request.set_tensor("subsequence_begins", _ov(np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)))
-        request.set_tensor("block_indices", _ov(block_indices))
-        request.set_tensor("block_indices_begins", _ov(np.concatenate([[0], np.cumsum(num_blocks)]).astype(np.int32)))
-        request.set_tensor("max_context_len", _ov(np.asarray(seq_lens.max(), dtype=np.int32)))
+        _write(request, "input_ids", inputs.input_ids.numpy())
+        _write(request, "positions", inputs.positions.numpy())
+        _write(request, "past_lens", seq_lens - query_lens)
+        _write(request, "subsequence_begins", np.concatenate([[0], np.cumsum(query_lens)]))
+        _write(request, "block_indices", block_indices)
+        _write(request, "block_indices_begins", np.concatenate([[0], np.cumsum(num_blocks)]))
+        _write(request, "max_context_len", seq_lens.max())
         request.infer()
         hidden = torch.from_numpy(request.get_output_tensor(0).data.copy())
         return hidden.to(self._dtype)
@@ -153,16 +153,15 @@ class OpenVinoRunner(Runner):
         if self._lm_head is None:
             return super().compute_logits(hidden, rows)
         picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long)).float().contiguous()
-        self._lm_head.set_tensor("hidden", ov_tensor(picked))
+        _write(self._lm_head, "hidden", picked.numpy())
         self._lm_head.infer()
         return torch.from_numpy(self._lm_head.get_output_tensor(0).data.copy())
 
 
-def _ov(array: np.ndarray) -> Any:
-    import openvino as ov
-
-    return ov.Tensor(array if array.flags.c_contiguous else array.copy())  # (ascontiguousarray makes 0-d 1-d)
-
-
-def _host(t: torch.Tensor, dtype: Any) -> Any:
-    return _ov(t.cpu().numpy().astype(dtype, copy=False))
+def _write(request: Any, name: str, array: Any) -> None:
+    """Copy ``array`` (converted to the input's element type) into the infer request's own tensor
+    of input ``name``, resized to its shape: a fraction of the cost of a new ``ov.Tensor`` and
+    ``set_tensor`` each step."""
+    tensor = request.get_tensor(name)
+    tensor.shape = np.shape(array)
+    tensor.data[...] = array
