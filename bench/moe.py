@@ -3,7 +3,7 @@ through this engine, transformers and llama.cpp, in one invocation.
 
     python bench/moe.py [--threads 2] [--decode-rounds 5] [--rounds 3] [--formats F16,Q8_0,Q4_0]
                         [--decode-tokens 32] [--streams 32] [--prompt 32] [--tokens 32]
-                        [--results bench/RESULTS.md]
+                        [--int8-act] [--results bench/RESULTS.md]
 
 The model (made once under ``~/.cache/core-bench/moe-qwen3``, ``CORE_BENCH_CACHE``): a
 ``Qwen3MoeConfig`` with the default model's tokenizer (49152 ids), hidden 1024, 24 layers, all
@@ -22,6 +22,10 @@ order reversed every other round, so neither side always runs first):
   prefill included), the same prompts on both sides; greedy tokens compared first;
 * each GGUF file: this engine (``quantization="gguf"``) vs ``llama-bench -n 128`` (tg128)
   and ``llama-batched-bench`` on the same streams;
+* with ``--int8-act``, each GGUF file's batch-1 decode also with ``CORE_CPU_QUANT_ACTIVATIONS=1``
+  (activations rounded to int8 per block of 32 for the quantized products, as llama.cpp rounds them
+  to Q8_0; not the default, which keeps them to 2^-16 of a block's largest) in the same decode
+  rounds, its greedy tokens compared with the default's;
 * the floor: bytes of the *active* parameters a decode step reads (every expert stack times
   top_k / num_experts, the rest whole, the tied embedding as lm_head) over the copy
   bandwidth (bench/floors.py).
@@ -37,6 +41,7 @@ with ``--results``, into that file's ``moe`` section. transformers' 32 streams a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -215,9 +220,9 @@ def worker_main(kind: str, model: str, threads: int) -> None:
 class Worker:
     """A worker process for one system on one model; ``ask`` sends a request and waits for its answer."""
 
-    def __init__(self, kind: str, model: Path, threads: int) -> None:
+    def __init__(self, kind: str, model: Path, threads: int, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, __file__, "--worker", kind, "--model", str(model), "--threads", str(threads)]
-        env = os.environ | {"OMP_NUM_THREADS": str(threads), "TQDM_DISABLE": "1"}
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "TQDM_DISABLE": "1"} | (env or {})
         self.kind = kind
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()
@@ -290,6 +295,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--no-hf", action="store_true", help="skip transformers (the folder's core figures stay)")
+    parser.add_argument("--int8-act", action="store_true", help="also decode each GGUF file with int8 activations")
     parser.add_argument("--results", type=Path, help="also put the table into this file's moe section")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: serve one system
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -334,17 +340,29 @@ def main() -> int:
 
     for fmt, path in files.items():
         active, total = active_bytes_gguf(path)
-        with Worker("core-gguf", path, a.threads) as core:
+        with contextlib.ExitStack() as stack:
+            core = stack.enter_context(Worker("core-gguf", path, a.threads))
             decode = {
                 "llama decode": lambda path=path: llama_tg(tools["llama-bench"], path, a.threads),
                 "core decode": lambda core=core: core.ask("decode", tokens=a.decode_tokens),
             }
+            if a.int8_act:
+                int8 = stack.enter_context(Worker("core-gguf", path, a.threads, {"CORE_CPU_QUANT_ACTIVATIONS": "1"}))
+                ours, theirs = (w.ask("greedy", prompt=DECODE_PROMPT, tokens=GREEDY_TOKENS) for w in (int8, core))
+                same = next((i for i, (x, y) in enumerate(zip(ours, theirs, strict=True)) if x != y), None)
+                notes.append(f"greedy {GREEDY_TOKENS} tokens on {fmt}, int8 activations vs the default: "
+                             + ("equal" if same is None else f"first difference at token {same}"))  # fmt: skip
+                decode["core int8 decode"] = lambda int8=int8: int8.ask("decode", tokens=a.decode_tokens)
             batch = {
                 "llama batch": lambda path=path: llama_batched(batched, path, a.threads, a.streams, a.prompt, a.tokens),
                 "core batch": lambda core=core: core.ask("batch", prompts=prompts, tokens=a.tokens),
             }
             values = decode_then_batch(a.decode_rounds, a.rounds, decode, batch)
-            rows.append((f"GGUF {fmt}", active, total, values, "llama"))
+        rows.append((f"GGUF {fmt}", active, total, values, "llama"))
+        if a.int8_act:
+            int8_values = {"core decode": values["core int8 decode"], "llama decode": values["llama decode"],
+                           "decode load": values["decode load"]}  # fmt: skip
+            rows.append((f"GGUF {fmt}, int8 activations", active, total, int8_values, "llama"))
 
     table = render(rows, bandwidth, a.streams)
     info = machine_info()
@@ -394,7 +412,7 @@ def render(rows: list, bandwidth: float, streams: int) -> str:
             else:
                 cells += ["n/a", "n/a"]
             if kind == "decode":
-                cells.append(f"{statistics.median(values['core batch']):.1f}")
+                cells.append(f"{statistics.median(values['core batch']):.1f}" if "core batch" in values else "n/a")
         cells.append(", ".join(f"{x:.1f}" for x in values["decode load"]))
         if f"{other} decode" in values:
             pairs = zip(values["core decode"], values[f"{other} decode"], strict=True)
