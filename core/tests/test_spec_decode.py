@@ -159,29 +159,58 @@ def test_a_sequence_that_accepts_nothing_backs_off():
     )  # a finished sequence leaves nothing
 
 
-def test_ngram_draft_length_follows_acceptance_and_strong_matches_skip_the_back_off():
+def test_ngram_draft_length_follows_acceptance_and_the_match_and_strong_matches_skip_the_back_off():
     from core.sampling_params import SamplingParams
     from core.spec_decode import SpecDecoder, decoder
 
     config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 8}
     spec = SpecDecoder(SpeculativeConfig.from_dict(config), 256)
-    seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5, 6, 7] * 3, SamplingParams(max_tokens=100), 0.0)
+    # a 2-token match ([1, 2] recurs, [0, 1, 2] does not): the acceptance history sets the length
+    short = Sequence(next(_ids), "s", [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2], SamplingParams(max_tokens=100), 0.0)
     lengths = []
-    for accepted in (1, 2, 1, 0):  # of the drafts proposed: 4, then 2 (1 + 1), 4 (a whole run doubles), 2
-        drafts = spec.propose([seq], _no_grammar)[seq.seq_id]
-        assert drafts == [1, 2, 3, 4][: len(drafts)]  # what followed the 8-token suffix
+    for accepted in (1, 2, 1):  # of the drafts proposed: 4, then 2 (1 + 1), 4 (a whole run doubles), 2
+        drafts = spec.propose([short], _no_grammar)[short.seq_id]
+        assert drafts == [3, 4, 5, 6][: len(drafts)]
         lengths.append(len(drafts))
-        spec.record(seq.seq_id, len(drafts), accepted if accepted < len(drafts) else len(drafts))
+        spec.record(short.seq_id, len(drafts), min(accepted, len(drafts)))
+    lengths.append(len(spec.propose([short], _no_grammar)[short.seq_id]))
     assert lengths == [4, 2, 4, 2]
-    # backing off after a run with none accepted, yet the 8-token suffix recurs: drafts (of 1)
+    spec.record(short.seq_id, 2, 0)  # 1 + 0: yet the match is 2 tokens long, so 2 drafts
+    assert spec.propose([short], _no_grammar) == {short.seq_id: [3, 4]}
+    # an 8-token match (text being copied) proposes num_speculative_tokens after a short run
+    seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5, 6, 7] * 3, SamplingParams(max_tokens=100), 0.0)
+    spec.propose([seq], _no_grammar)
+    spec.record(seq.seq_id, 4, 1)
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1, 2, 3, 4]}
+    # backing off after a run with none accepted, yet the 8-token suffix recurs: drafts
+    spec.record(seq.seq_id, 4, 0)
     assert spec._waits[seq.seq_id] == 2 and decoder.STRONG_MATCH <= 8
-    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1]}
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1, 2, 3, 4]}
     # a weak match (2 tokens: [8, 1] recurs only as a pair) waits out the back-off
     weak = Sequence(next(_ids), "w", [8, 1, 9, 9, 9, 9, 2, 8, 1], SamplingParams(max_tokens=100), 0.0)
     spec.propose([weak], _no_grammar)
     spec.record(weak.seq_id, 1, 0)
     assert spec.propose([weak], _no_grammar) == {} and spec.propose([weak], _no_grammar) == {}
-    assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9]}
+    assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9, 9]}
+
+
+def test_a_sequence_that_often_accepts_does_not_back_off_after_a_miss():
+    from core.sampling_params import SamplingParams
+    from core.spec_decode import SpecDecoder, decoder
+
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    spec = SpecDecoder(SpeculativeConfig.from_dict(config), 256)
+    seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5] * 4, SamplingParams(max_tokens=100), 0.0)
+    for accepted in (1, 1, 1):
+        spec.record(seq.seq_id, 2, accepted)
+    assert (decoder.RECENT_RUNS, decoder.KEEP_SPECULATING) == (8, 0.25)
+    # accepted in 3 of the last 4 runs, ..., 3 of the last 8, 2 of the last 8: no back-off after the misses
+    for _ in range(6):
+        spec.record(seq.seq_id, 2, 0)
+        assert spec.propose([seq], _no_grammar) and not spec._waits
+    spec.record(seq.seq_id, 2, 0)  # 1 of the last 8: below a quarter
+    assert spec._waits[seq.seq_id] == decoder.MAX_BACKOFF_STEPS  # 2 ** 7 for 7 misses in a row, capped
+    assert spec.propose([seq], _no_grammar) == {}
 
 
 def _no_grammar(seq: Sequence) -> None:

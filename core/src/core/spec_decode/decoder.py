@@ -36,6 +36,10 @@ LOG_INTERVAL_S = 10.0
 MAX_BACKOFF_STEPS = 32
 #: an n-gram match of this many tokens or more proposes drafts even while its sequence backs off
 STRONG_MATCH = 3
+#: the recent verified runs of a sequence that its back-off weighs
+RECENT_RUNS = 8
+#: a sequence whose recent runs accepted drafts at least this often does not back off after a miss
+KEEP_SPECULATING = 0.25
 
 
 class SpecDecoder:
@@ -44,11 +48,16 @@ class SpecDecoder:
     Speculation is skipped where it does not pay: after ``m`` runs in a row with no draft
     accepted, a sequence proposes nothing for ``2 ** m`` steps (at most
     :data:`MAX_BACKOFF_STEPS`), so text that never repeats itself is rarely verified at k + 1
-    positions; one accepted draft ends the back-off. N-gram drafts also adapt to each
-    sequence's acceptance history and to the match: a run accepted whole doubles the
-    sequence's draft length (up to ``num_speculative_tokens``), a run cut short sets it to the
-    accepted drafts and one more; and a match of :data:`STRONG_MATCH` tokens or more (text
-    being copied again) proposes even during a back-off.
+    positions; one accepted draft ends the back-off. A sequence whose last
+    :data:`RECENT_RUNS` runs (at least half that many) accepted drafts in a share of
+    :data:`KEEP_SPECULATING` or more does not back off after a miss: a verify step with a
+    draft or two costs little more than a plain one, and such a sequence wins it back.
+    N-gram drafts also adapt to each sequence's acceptance history and to the match: a run
+    accepted whole doubles the sequence's draft length (up to ``num_speculative_tokens``), a
+    run cut short sets it to the accepted drafts and one more; a match of ``n`` tokens
+    proposes at least ``n`` drafts whatever the history (a long recurring suffix is text being
+    copied, as vLLM's suffix decoding sizes drafts by the match length); and a match of
+    :data:`STRONG_MATCH` tokens or more proposes even during a back-off.
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
@@ -70,6 +79,7 @@ class SpecDecoder:
         self._misses: dict[int, int] = {}  # seq_id -> runs in a row that accepted nothing
         self._waits: dict[int, int] = {}  # seq_id -> steps left without drafts
         self._lengths: dict[int, int] = {}  # seq_id -> its n-gram draft length now (else num_speculative_tokens)
+        self._recent: dict[int, list[bool]] = {}  # seq_id -> whether each of its recent runs accepted a draft
 
     def propose(self, seqs: Iterable[Seq], matcher: Callable[[Seq], Matcher | None]) -> dict[int, list[int]]:
         """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
@@ -88,12 +98,11 @@ class SpecDecoder:
             self.draft.keep(seq.seq_id for seq in seqs)
         # only sequences still decoding keep their state (finished ones leave no entry behind)
         (waits, self._waits), (misses, self._misses) = (self._waits, {}), (self._misses, {})
-        lengths, self._lengths = self._lengths, {}
+        (lengths, self._lengths), (recent, self._recent) = (self._lengths, {}), (self._recent, {})
         for seq in seqs:
-            if seq.seq_id in misses:
-                self._misses[seq.seq_id] = misses[seq.seq_id]
-            if seq.seq_id in lengths:
-                self._lengths[seq.seq_id] = lengths[seq.seq_id]
+            for kept, now in ((misses, self._misses), (lengths, self._lengths), (recent, self._recent)):
+                if seq.seq_id in kept:
+                    now[seq.seq_id] = kept[seq.seq_id]
             wait = waits.get(seq.seq_id, 0)
             n, start = 0, -1
             if self.draft is None:  # backing off: only a strong match proposes
@@ -111,7 +120,8 @@ class SpecDecoder:
                 if room > 0:
                     drafts[seq.seq_id] = [PENDING] * min(c.num_speculative_tokens, room)
             elif n and room > 0:
-                length = min(self._lengths.get(seq.seq_id, c.num_speculative_tokens), room)
+                length = max(self._lengths.get(seq.seq_id, c.num_speculative_tokens), n)
+                length = min(length, c.num_speculative_tokens, room)
                 proposal = seq.token_ids[start : start + length]
                 if proposal and grammar is not None:
                     proposal = proposal[: grammar.validate(proposal)]
@@ -121,12 +131,16 @@ class SpecDecoder:
 
     def record(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
         """Count one verified run of sequence ``seq_id``: ``num_drafts`` drafts, ``num_accepted`` of them accepted."""
+        recent = self._recent.setdefault(seq_id, [])
+        recent.append(num_accepted > 0)
+        del recent[:-RECENT_RUNS]
         if num_accepted:
             self._misses.pop(seq_id, None)
             self._waits.pop(seq_id, None)
         else:
             misses = self._misses[seq_id] = self._misses.get(seq_id, 0) + 1
-            self._waits[seq_id] = min(2**misses, MAX_BACKOFF_STEPS)
+            if len(recent) < RECENT_RUNS // 2 or sum(recent) < KEEP_SPECULATING * len(recent):
+                self._waits[seq_id] = min(2**misses, MAX_BACKOFF_STEPS)
         if self.draft is None:  # the next n-gram draft length: doubled after a whole run, else what held
             k = self.config.num_speculative_tokens
             length = self._lengths.get(seq_id, k)
