@@ -16,7 +16,9 @@ not the file's exact one),
 ``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
 default GGUF itself, installed (the version matching the installed openvino) in its own venv under
 the bench cache (``~/.cache/core-bench/openvino-genai``, made on first use). Prints a table of
-medians and the per-round ratios; ``--json`` saves every round; ``--configs`` runs a subset. Not for CI.
+medians and the per-round ratios; ``--json`` saves every round; ``--configs`` runs a subset;
+``--phases`` adds where a plugin_openvino batch-1 decode step's time goes (:func:`decode_phases`).
+Not for CI.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -88,7 +91,73 @@ def workload(args: argparse.Namespace) -> dict:
 
     return {"prompt": draw(1, args.decode_prompt_len)[0], "prompts": draw(args.num_seqs, args.prompt_len),
             "prefill_prompt": draw(1, args.prefill_len)[0], "n_gen": args.n_gen, "threads": args.threads,
-            "kv_cache_gib": 1}  # fmt: skip
+            "kv_cache_gib": 1, "phases": args.phases}  # fmt: skip
+
+
+#: a batch-1 decode step's phases (``--phases``), in the order the table prints them
+PHASES = ("step", "main_infer", "runner_io", "lm_head_infer", "logits_io", "core_python")
+
+
+class _TimedRequest:
+    """An OpenVINO infer request whose ``infer()`` calls add their seconds to ``times[key]``."""
+
+    def __init__(self, request: Any, times: dict, key: str) -> None:
+        self._request, self._times, self._key = request, times, key
+
+    def infer(self) -> None:
+        start = time.perf_counter()
+        self._request.infer()
+        self._times[self._key] += time.perf_counter() - start
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+
+def decode_phases(llm: Any, prompt: list[int], n_gen: int) -> dict:
+    """Milliseconds of a batch-1 decode step (mean over ``n_gen`` steps; prefill excluded) by phase,
+    plugin_openvino's runner instrumented: ``main_infer`` (the decoder's compiled model),
+    ``runner_io`` (the rest of ``forward``: the step's inputs into OpenVINO, its hidden states
+    out), ``lm_head_infer`` (the LM head's compiled model), ``logits_io`` (the rest of
+    ``compute_logits``) and ``core_python`` (the rest of ``engine.step``: scheduler, sampler,
+    detokenizer, outputs)."""
+    from core import SamplingParams
+
+    engine = llm.engine
+    runner = engine.executor.runner.runner
+    times = dict.fromkeys(("main_infer", "lm_head_infer", "forward", "logits"), 0.0)
+    runner.request = _TimedRequest(runner.request, times, "main_infer")
+    runner._lm_head = _TimedRequest(runner._lm_head, times, "lm_head_infer")
+    forward, logits = runner.forward, runner.compute_logits
+
+    def timed(method: Any, key: str) -> Any:
+        def call(*args: Any) -> Any:
+            start = time.perf_counter()
+            out = method(*args)
+            times[key] += time.perf_counter() - start
+            return out
+
+        return call
+
+    runner.forward, runner.compute_logits = timed(forward, "forward"), timed(logits, "logits")
+    engine.add_request("phases", params=SamplingParams(temperature=0.0, max_tokens=1), prompt_token_ids=prompt)
+    while engine.has_unfinished_requests():  # the prefill, not counted
+        engine.step()
+    for key in times:
+        times[key] = 0.0
+    engine.add_request("phases-decode", params=SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True),
+                       prompt_token_ids=prompt)  # fmt: skip
+    engine.step()  # its prefill
+    for key in times:
+        times[key] = 0.0
+    steps, start = 0, time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    step = (time.perf_counter() - start) / steps
+    ms = {key: 1e3 * value / steps for key, value in times.items()}
+    return {"step": 1e3 * step, "main_infer": ms["main_infer"], "runner_io": ms["forward"] - ms["main_infer"],
+            "lm_head_infer": ms["lm_head_infer"], "logits_io": ms["logits"] - ms["lm_head_infer"],
+            "core_python": 1e3 * step - ms["forward"] - ms["logits"]}  # fmt: skip
 
 
 def core_part(spec: dict, config: str) -> dict:
@@ -108,6 +177,8 @@ def core_part(spec: dict, config: str) -> dict:
     llm.generate(prompt_token_ids=spec["prompts"], sampling_params=params, use_tqdm=False)
     out["output_tok_s"] = len(spec["prompts"]) * spec["n_gen"] / (time.perf_counter() - start)
     out["prefill_tok_s"] = engine_part.prefill_tok_s(llm, spec["prefill_prompt"])
+    if spec["phases"] and device == "openvino":
+        out["phases_ms"] = decode_phases(llm, spec["prompt"], spec["n_gen"])
     llm.shutdown()
     return out
 
@@ -147,6 +218,13 @@ def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...
         for other in [c for c in ("openvino-genai", "cpu_x86") if c in configs]:
             cells = [f"{statistics.median(r[ours][m] / r[other][m] for r in rounds):.2f}x" for m in METRICS]
             lines.append(f"| {ours} / {other} (median of per-round ratios) | {' | '.join(cells)} |")
+    phased = [c for c in configs if all("phases_ms" in r[c] for r in rounds)]
+    if phased:
+        lines += ["", "| batch-1 decode step, ms (medians) | " + " | ".join(PHASES) + " |",
+                  "|---|" + "---|" * len(PHASES)]  # fmt: skip
+        for config in phased:
+            cells = [f"{statistics.median(r[config]['phases_ms'][p] for r in rounds):.3f}" for p in PHASES]
+            lines.append(f"| {config} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -162,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated configurations to run (default: all of {', '.join(CONFIGS)})")  # fmt: skip
+    p.add_argument("--phases", action="store_true",
+                   help="also time a batch-1 decode step's phases in each plugin_openvino configuration")  # fmt: skip
     p.add_argument("--json", type=Path, help="save every round's figures here")
     p.add_argument("--part", choices=list(CORE_CONFIGS), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
