@@ -10,6 +10,8 @@
 // Included inside a kernel source's CK_NS namespace.
 #pragma once
 
+#include <type_traits>
+
 #if defined(__AVX512BF16__)
 static const int kOpX = 6;          // activation rows of a tile
 static const int kOpC = 4;          // vectors of 16 output rows of a tile
@@ -51,5 +53,24 @@ static inline void op_tile_rows(long tx, const uint32_t *wp, long kp, const bf16
     case 5: op_tile<5, C>(wp, kp, x, xs, out_tile, next); break;
     default: op_tile<6, C>(wp, kp, x, xs, out_tile, next); break;
   }
+}
+
+// out rows t < tx (T, row stride n) = the tile's rows (kOpW floats apart) times scale (NULL: 1)
+// plus bias, rw <= kOpW columns, 16 at a time (bfloat16 out: vcvtneps2bf16, round to nearest
+// even as from_f32, a float32 denormal to zero); scale and bias hold kOpW values, those past rw
+// unread into the output
+template <typename T>
+static inline void op_tile_out(const float *tile, long tx, long rw, const float *scale, const float *bias, T *out,
+                               long n) {
+  for (long t = 0; t < tx; ++t)
+    for (long r = 0; r < rw; r += 16) {
+      const __mmask16 m = rw - r >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (rw - r)) - 1);
+      const __m512 v = _mm512_loadu_ps(tile + t * kOpW + r), b = _mm512_loadu_ps(bias + r);
+      const __m512 y = scale ? _mm512_fmadd_ps(v, _mm512_loadu_ps(scale + r), b) : _mm512_add_ps(v, b);
+      if constexpr (std::is_same<T, bf16_t>::value)
+        _mm256_mask_storeu_epi16(out + t * n + r, m, (__m256i)_mm512_cvtneps_pbh(y));
+      else
+        _mm512_mask_storeu_ps(out + t * n + r, m, y);
+    }
 }
 #endif  // __AVX512BF16__

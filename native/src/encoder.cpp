@@ -225,11 +225,13 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
                              next && quarter < kOpC ? next + quarter * kp * 16 : NULL);
         else
           op_tile_rows<kOpC / 2>(tx, w, kp, xb + t0 * xbs, xbs, tile, NULL);
+        if (act == kActNone) {
+          op_tile_out(tile, tx, rw, NULL, bj, out + t0 * n + j, n);
+          continue;
+        }
         for (long t = 0; t < tx; ++t) {
           float *row = tile + t * kOpW;
-          for (long r = 0; r < rw; ++r) row[r] += bj[r];
-          if (act != kActNone)
-            for (long r = 0; r < rw; ++r) row[r] = gelu(row[r], act);
+          for (long r = 0; r < rw; ++r) row[r] = gelu(row[r] + bj[r], act);
           for (long r = 0; r < rw; ++r) from_f32(row[r], &out[(t0 + t) * n + j + r]);
         }
       }

@@ -54,8 +54,7 @@ static int gemm_bf16(const uint8_t *w, const float *row_scale, const bf16_t *x, 
         const long tx = rows - t0 < kOpX ? rows - t0 : kOpX;
         const bf16_t *xt = x + t0 * xs;
         op_tile_rows<kOpC>(tx, wp, kp, xt, xs, tile, NULL);
-        for (long t = 0; t < tx; ++t)
-          for (long r = 0; r < rw; ++r) from_f32(tile[t * kOpW + r] * scale[r] + bj[r], &out[(t0 + t) * n + j + r]);
+        op_tile_out(tile, tx, rw, scale, bj, out + t0 * n + j, n);
       }
     }
     free(wf);
