@@ -4,7 +4,7 @@ One graph serves every step: its inputs are the step's token ids and positions a
 OpenVINO's PagedAttention metadata (``past_lens``, ``subsequence_begins``,
 ``block_indices``, ``block_indices_begins``, ``max_context_len``), and one key and one
 value cache per layer (``key_cache.{i}``, ``value_cache.{i}``); its output is the final
-normed hidden state of each token, in float32. Each layer's attention is OpenVINO's
+normed hidden state of each token, in the compute dtype (float32 or bfloat16). Each layer's attention is OpenVINO's
 ``PagedAttentionExtension``, which writes the new keys and values into the caches itself.
 """
 
@@ -79,6 +79,11 @@ class GraphBuilder:
             caches += [k_cache, v_cache]
             hidden = self._layer(layer, hidden, rope, k_cache, v_cache, params)
         out = self._rms_norm(hidden, desc.final_norm)
+        if desc.dtype == torch.bfloat16:
+            # OpenVINO's CPU plugin keeps in float32 every node from a float32 output up to the
+            # products before it: here the whole residual stream (openvino-genai's ends in the
+            # LM head's product); an output in bfloat16 lets it run in bfloat16, as torch's does
+            out = ops.convert(out, ov.Type.bf16)
         result = ops.result(out, name="hidden")
         return ov.Model([result], list(params.values()) + caches, "core_decoder")
 

@@ -145,7 +145,8 @@ class OpenVinoRunner(Runner):
         _write(request, "max_context_len", seq_lens.max())
         request.infer()
         hidden = torch.from_numpy(request.get_output_tensor(0).data.copy())
-        return hidden.to(self._dtype)
+        # a bfloat16 output reads as float16 in numpy (which has no bfloat16): the same bits
+        return hidden.view(torch.bfloat16) if self._dtype == torch.bfloat16 else hidden.to(self._dtype)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """float32 logits through the LM head's compiled model (its GGUF blocks stay compressed:
