@@ -175,23 +175,25 @@ def test_ngram_draft_length_follows_acceptance_and_the_match_and_strong_matches_
         spec.record(short.seq_id, len(drafts), min(accepted, len(drafts)))
     lengths.append(len(spec.propose([short], _no_grammar)[short.seq_id]))
     assert lengths == [4, 2, 4, 2]
-    spec.record(short.seq_id, 2, 0)  # 1 + 0: yet the match is 2 tokens long, so 2 drafts
-    assert spec.propose([short], _no_grammar) == {short.seq_id: [3, 4]}
-    # an 8-token match (text being copied) proposes num_speculative_tokens after a short run
+    # an 8-token match (text being copied) proposes num_speculative_tokens after a short run that accepted
     seq = Sequence(next(_ids), "r", [1, 2, 3, 4, 5, 6, 7] * 3, SamplingParams(max_tokens=100), 0.0)
     spec.propose([seq], _no_grammar)
     spec.record(seq.seq_id, 4, 1)
     assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1, 2, 3, 4]}
-    # backing off after a run with none accepted, yet the 8-token suffix recurs: drafts
+    # after a run that accepted none: the history's length (0 + 1), the match no longer counts;
+    # backing off, yet the 8-token suffix recurs: drafts
     spec.record(seq.seq_id, 4, 0)
     assert spec._waits[seq.seq_id] == 2 and decoder.STRONG_MATCH <= 8
-    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1, 2, 3, 4]}
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1]}
+    for _ in range(20):  # repeated structure whose content differs: one draft a step, not num_speculative_tokens
+        spec.record(seq.seq_id, 1, 0)
+        assert spec.propose([seq], _no_grammar) == {seq.seq_id: [1]}
     # a weak match (2 tokens: [8, 1] recurs only as a pair) waits out the back-off
     weak = Sequence(next(_ids), "w", [8, 1, 9, 9, 9, 9, 2, 8, 1], SamplingParams(max_tokens=100), 0.0)
     spec.propose([weak], _no_grammar)
     spec.record(weak.seq_id, 1, 0)
     assert spec.propose([weak], _no_grammar) == {} and spec.propose([weak], _no_grammar) == {}
-    assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9, 9]}
+    assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9]}
 
 
 def test_a_sequence_that_often_accepts_does_not_back_off_after_a_miss():

@@ -54,10 +54,12 @@ class SpecDecoder:
     draft or two costs little more than a plain one, and such a sequence wins it back.
     N-gram drafts also adapt to each sequence's acceptance history and to the match: a run
     accepted whole doubles the sequence's draft length (up to ``num_speculative_tokens``), a
-    run cut short sets it to the accepted drafts and one more; a match of ``n`` tokens
-    proposes at least ``n`` drafts whatever the history (a long recurring suffix is text being
-    copied, as vLLM's suffix decoding sizes drafts by the match length); and a match of
-    :data:`STRONG_MATCH` tokens or more proposes even during a back-off.
+    run cut short sets it to the accepted drafts and one more; while the last run accepted a
+    draft (or none ran yet), a match of ``n`` tokens proposes at least ``n`` drafts whatever
+    the history (a long recurring suffix is text being copied, as vLLM's suffix decoding sizes
+    drafts by the match length), not after a miss (repeated structure whose content differs
+    would verify k + 1 rows a step for nothing); and a match of :data:`STRONG_MATCH` tokens or
+    more proposes even during a back-off.
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
@@ -120,7 +122,9 @@ class SpecDecoder:
                 if room > 0:
                     drafts[seq.seq_id] = [PENDING] * min(c.num_speculative_tokens, room)
             elif n and room > 0:
-                length = max(self._lengths.get(seq.seq_id, c.num_speculative_tokens), n)
+                length = self._lengths.get(seq.seq_id, c.num_speculative_tokens)
+                if seq.seq_id not in self._misses:  # the last run accepted: the match's length at least
+                    length = max(length, n)
                 length = min(length, c.num_speculative_tokens, room)
                 proposal = seq.token_ids[start : start + length]
                 if proposal and grammar is not None:
