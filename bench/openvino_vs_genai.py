@@ -10,7 +10,8 @@ on the same random token ids, prefix caching off, a 1 GiB KV cache. The configur
 and OpenVINO's u8 KV blocks, the precisions openvino-genai picks on a CPU with AVX512_BF16),
 ``openvino-genai-settings`` (those, and int8 activations in groups of 32 into the compressed-weight
 products: openvino-genai's CPU defaults; the file's exact Q4_1 weights, in the split form int8
-activations run), ``openvino-genai-model`` (those, and Q4_1 zero points
+activations run), ``openvino-genai-settings-f16zp`` (the same with Q4_1's f16 zero points: exact too,
+those products on float activations), ``openvino-genai-model`` (those, and Q4_1 zero points
 rounded to 4-bit integers as openvino-genai's GGUF reader does: the model openvino-genai runs,
 not the file's exact one),
 ``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
@@ -48,6 +49,15 @@ CORE_CONFIGS = {
         "openvino",
         "bfloat16",
         {"CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8", "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"},
+    ),
+    "openvino-genai-settings-f16zp": (
+        "openvino",
+        "bfloat16",
+        {
+            "CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8",
+            "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
+            "CORE_OPENVINO_Q4_1_SPLIT": "0",
+        },
     ),
     "openvino-genai-model": (
         "openvino",

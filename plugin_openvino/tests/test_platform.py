@@ -118,11 +118,26 @@ def test_dynamic_quantization_is_off_unless_asked(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("group_size", "integer_zero_points", "form"),
-    [("0", "0", "f16"), ("32", "0", "split"), ("0", "1", "round"), ("32", "1", "round")],
+    ("group_size", "integer_zero_points", "split", "form"),
+    [
+        ("0", "0", "auto", "f16"),
+        ("32", "0", "auto", "split"),
+        ("32", "0", "0", "f16"),
+        ("0", "0", "1", "split"),
+        ("0", "1", "auto", "round"),
+        ("32", "1", "0", "round"),
+    ],
 )
-def test_q4_1_form(monkeypatch, group_size, integer_zero_points, form):
-    """Exact unless rounded zero points are asked for; split under int8 activations."""
+def test_q4_1_form(monkeypatch, group_size, integer_zero_points, split, form):
+    """Exact unless rounded zero points are asked for; split under int8 activations unless told."""
     monkeypatch.setenv("CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE", group_size)
     monkeypatch.setenv("CORE_OPENVINO_Q4_1_INTEGER_ZERO_POINTS", integer_zero_points)
+    monkeypatch.setenv("CORE_OPENVINO_Q4_1_SPLIT", split)
     assert OpenVinoPlatform().q4_1_form() == form
+
+
+def test_rounded_and_split_q4_1_together_are_refused(monkeypatch):
+    monkeypatch.setenv("CORE_OPENVINO_Q4_1_INTEGER_ZERO_POINTS", "1")
+    monkeypatch.setenv("CORE_OPENVINO_Q4_1_SPLIT", "1")
+    with pytest.raises(ValueError, match="choose one Q4_1 form"):
+        OpenVinoPlatform().q4_1_form()

@@ -66,6 +66,15 @@ OPENVINO_ENV_VARS: tuple[EnvVar, ...] = (
         "file's model; 0: f16 zero points, within 2^-11 of a step)",
     ),
     EnvVar(
+        "OPENVINO_Q4_1_SPLIT",
+        str,
+        "auto",
+        "GGUF Q4_1 products as d*q (no zero point) plus the blocks' minimums times the activations' block "
+        "sums: exact, and int8 activations run the main product; auto: with int8 activations "
+        "(OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE > 0) only; 1: always; 0: never (f16 zero points)",
+        choices=("auto", "0", "1"),
+    ),
+    EnvVar(
         "OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
         bool,
         True,
@@ -185,13 +194,20 @@ class OpenVinoPlatform(CpuPlatform):
     def q4_1_form(self) -> str:
         """The form of GGUF Q4_1 products in the graph (:data:`plugin_openvino.weights.Q4_1_FORMS`):
         ``round`` under ``OPENVINO_Q4_1_INTEGER_ZERO_POINTS`` (openvino-genai's model, not the
-        file's); else, with int8 activations (``OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE``),
-        ``split``: the file's exact weights as a product without zero points, which OpenVINO runs
-        on int8 activations, plus the blocks' minimums times the activations' block sums; else
-        ``f16`` zero points (one product, float activations)."""
+        file's); else ``split`` as ``OPENVINO_Q4_1_SPLIT`` says (``auto``: with int8 activations,
+        which OpenVINO runs into its main product and not into one with f16 zero points);
+        else ``f16`` zero points (one product).
+
+        :raises ValueError: both rounded zero points and ``OPENVINO_Q4_1_SPLIT=1`` asked for.
+        """
+        split = self.env["OPENVINO_Q4_1_SPLIT"]
         if self.env["OPENVINO_Q4_1_INTEGER_ZERO_POINTS"]:
+            if split == "1":
+                raise ValueError("OPENVINO_Q4_1_INTEGER_ZERO_POINTS=1 and OPENVINO_Q4_1_SPLIT=1: choose one Q4_1 form")
             return "round"
-        return "split" if self.env["OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE"] else "f16"
+        if split == "auto":
+            return "split" if self.env["OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE"] else "f16"
+        return "split" if split == "1" else "f16"
 
     def bind_compute_threads(self, cpus: list[int]) -> str:
         super().bind_compute_threads(cpus)
