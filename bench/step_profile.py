@@ -30,6 +30,9 @@ def main() -> int:
     p.add_argument("--kv-cache-dtype", default="auto", help="--kv-cache-dtype (auto: the compute dtype)")
     p.add_argument("--dtype", default="float32", help="compute dtype (float32, bfloat16)")
     args = p.parse_args()
+    for name in ("tokens", "batch", "prompt_len", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
 
     import engine_part
     from core.bench.stats import random_prompts
