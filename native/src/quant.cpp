@@ -96,6 +96,61 @@ struct QAct {
   long nb;
 };
 
+#include "quantize_simd.h"  // block_amax, block_codes8, block_codes16: float32 rows on AVX2 and up
+
+// max |x| over the block of 32 at xb
+template <typename T>
+static inline float block_amax_of(const T *xb) {
+#if defined(CK_QUANTIZE_SIMD)
+  if constexpr (std::is_same<T, float>::value) return block_amax(xb);
+#endif
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
+  return amax;
+}
+
+// qb = xb * id rounded half away from zero, clamped to +-127; returns the codes' sum
+template <typename T>
+static inline int block_codes8_of(const T *xb, float id, int8_t *qb) {
+#if defined(CK_QUANTIZE_SIMD)
+  if constexpr (std::is_same<T, float>::value) return block_codes8(xb, id, qb);
+#endif
+  int sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < kBlock; ++i) {
+    float v = to_f32(xb[i]) * id;
+    int qi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+    qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+    qb[i] = (int8_t)qi;
+    sum += qi;
+  }
+  return sum;
+}
+
+// v = xb * id rounded, clamped to +-32512, written as 255 h + l (h to qh, l to ql); *sh, *sl their sums
+template <typename T>
+static inline void block_codes16_of(const T *xb, float id, int8_t *qh, int8_t *ql, int *sh, int *sl) {
+#if defined(CK_QUANTIZE_SIMD)
+  if constexpr (std::is_same<T, float>::value) return block_codes16(xb, id, qh, ql, sh, sl);
+#endif
+  int hs = 0, ls = 0;
+#pragma omp simd reduction(+ : hs, ls)
+  for (int i = 0; i < kBlock; ++i) {
+    const float v = to_f32(xb[i]) * id;
+    int vi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+    vi = vi > 32512 ? 32512 : vi < -32512 ? -32512 : vi;
+    const float hf = (float)vi * (1.0f / 255.0f);  // never within 2^-9 of a tie: |l| <= 127
+    const int h = (int)(hf + (hf >= 0.0f ? 0.5f : -0.5f)), l = vi - 255 * h;
+    qh[i] = (int8_t)h;
+    ql[i] = (int8_t)l;
+    hs += h;
+    ls += l;
+  }
+  *sh = hs;
+  *sl = ls;
+}
+
 // per_row: one scale for the whole row, written to each of its blocks: compressed-tensors'
 // dynamic per-token int8 (W8A8), whose scale is max|x| / 127.5 (codes clamped to +-127 here:
 // the extreme element it would round to -128 or 128 loses half a level); else one scale
@@ -112,21 +167,10 @@ static void quantize_rows(const T *x, long x_stride, long rows, long k, QAct a, 
       for (long b = 0; b < a.nb; ++b) {
         const T *xb = x + r * x_stride + b * kBlock;
         int8_t *qb = a.q + r * k + b * kBlock;
-        float amax = row_amax;
-        if (!per_row)
-#pragma omp simd reduction(max : amax)
-          for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
+        const float amax = per_row ? row_amax : block_amax_of(xb);
         const float levels = per_row ? 127.5f : 127.0f;
         const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
-        int sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int i = 0; i < kBlock; ++i) {
-          float v = to_f32(xb[i]) * id;
-          int qi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
-          qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
-          qb[i] = (int8_t)qi;
-          sum += qi;
-        }
+        const int sum = block_codes8_of(xb, id, qb);
         a.d[r * a.nb + b] = d;
         a.s[r * a.nb + b] = d * (float)sum;
       }
@@ -146,24 +190,11 @@ static void quantize_rows16(const T *x, long x_stride, long rows, long k, QAct a
       for (long b = 0; b < a.nb; ++b) {
         const T *xb = x + r * x_stride + b * kBlock;
         int8_t *qh = a.q + 2 * r * k + b * kBlock, *ql = qh + k;
-        float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
-        for (int i = 0; i < kBlock; ++i) amax = fmax_(amax, __builtin_fabsf(to_f32(xb[i])));
+        const float amax = block_amax_of(xb);
         const float levels = 32512.0f;  // 127 * 256
         const float d = amax / levels, id = amax > 0.0f ? levels / amax : 0.0f;
-        int sh = 0, sl = 0;
-#pragma omp simd reduction(+ : sh, sl)
-        for (int i = 0; i < kBlock; ++i) {
-          const float v = to_f32(xb[i]) * id;
-          int vi = (int)(v + (v >= 0.0f ? 0.5f : -0.5f));
-          vi = vi > 32512 ? 32512 : vi < -32512 ? -32512 : vi;
-          const float hf = (float)vi * (1.0f / 255.0f);  // never within 2^-9 of a tie: |l| <= 127
-          const int h = (int)(hf + (hf >= 0.0f ? 0.5f : -0.5f)), l = vi - 255 * h;
-          qh[i] = (int8_t)h;
-          ql[i] = (int8_t)l;
-          sh += h;
-          sl += l;
-        }
+        int sh, sl;
+        block_codes16_of(xb, id, qh, ql, &sh, &sl);
         const long hb = 2 * r * a.nb + b, lb = hb + a.nb;
         a.d[hb] = 255.0f * d;
         a.s[hb] = 255.0f * d * (float)sh;
