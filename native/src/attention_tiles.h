@@ -35,6 +35,31 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+// exp on 16 lanes for a softmax whose probabilities are rounded to bfloat16 (2^-9 of a value):
+// relative error ~4e-5. x is clamped below at -87 (exp ~1.6e-38); n = round(x log2 e),
+// r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2], exp(r)'s Taylor polynomial of degree 4 scaled by 2^n
+// (vscalefps). Lanes above 88 give inf or NaN: only where a mask drops them.
+static inline __m512 exp16_bf16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945309f), x);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 24), r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The softmax's exp: exp16_bf16 where P is rounded to bfloat16 (bfloat16 compute), else exp16
+template <bool kHiOnly>
+static inline __m512 softmax_exp16(__m512 x) {
+  if constexpr (kHiOnly)
+    return exp16_bf16(x);
+  else
+    return exp16(x);
+}
+
 // 16 values as bfloat16 in the low halves of 32-bit lanes: hi (v rounded) and lo (the rest rounded)
 static inline void split16(__m512 v, __m512i *hi, __m512i *lo) {
   *hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
@@ -169,10 +194,11 @@ static inline void tile_scores(Tiles &tiles, const uint16_t *qt, const uint16_t 
 }
 
 // O^T = O^T corr + V^T P^T for the 16 columns x 16 tokens of acc per 16 columns of d (cols of
-// them): V's A tiles at va (a column tile's 512 values apart) times P^T's B tile at pt
+// them): V's A tiles at va (a column tile's 512 values apart) times P^T's B tile at pt, whose key
+// pairs from `pairs` on are zeros (the tile unit takes all 16 in one product regardless)
 template <bool kHiOnly, typename Tiles>
-static inline void tile_values(Tiles &tiles, const uint16_t *pt, const uint16_t *va, long cols, __m512 corr,
-                               float *acc) {
+static inline void tile_values(Tiles &tiles, const uint16_t *pt, const uint16_t *va, long cols, long /*pairs*/,
+                               __m512 corr, float *acc) {
   constexpr long parts = kHiOnly ? 1 : 2;
   alignas(64) float ob[64 * 16];
   tiles.template load_b<kHiOnly>(pt);
@@ -224,25 +250,36 @@ static inline void tile_scores(VecTiles &, const uint16_t *qt, const uint16_t *k
   }
 }
 
-// tile_values on vdpbf16ps: P^T's 16 rows stay in registers; per 8 rows of O^T (columns of d)
-// 8 accumulators loaded, times corr, then 16 k-pairs of V's broadcast pair with P^T's row
-// each, interleaved over the 8 rows, and stored once
-template <bool kHiOnly>
-static inline void tile_values(VecTiles &, const uint16_t *pt, const uint16_t *va, long cols, __m512 corr,
-                               float *acc) {
-  static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
-  __m512bh p[16];
-  for (int kk = 0; kk < 16; ++kk) p[kk] = (__m512bh)_mm512_load_si512(pt + 32 * kk);
+// tile_values' vdpbf16ps loop over the first kPairs k-pairs of P^T's rows p
+template <int kPairs>
+static inline void tile_values_pairs(const __m512bh *p, const uint16_t *va, long cols, __m512 corr, float *acc) {
   for (long c = 0; c < cols; ++c)
     for (int r0 = 0; r0 < 16; r0 += 8) {
       float *a = acc + 16 * (16 * c + r0);
       const uint16_t *v = va + c * 512 + 32 * r0;
       __m512 o[8];
       for (int m = 0; m < 8; ++m) o[m] = _mm512_mul_ps(_mm512_load_ps(a + 16 * m), corr);
-      for (int kk = 0; kk < 16; ++kk)
+      for (int kk = 0; kk < kPairs; ++kk)
         for (int m = 0; m < 8; ++m) o[m] = _mm512_dpbf16_ps(o[m], p[kk], tile_pair(v, m, kk));
       for (int m = 0; m < 8; ++m) _mm512_store_ps(a + 16 * m, o[m]);
     }
+}
+
+// tile_values on vdpbf16ps: P^T's 16 rows stay in registers; per 8 rows of O^T (columns of d)
+// 8 accumulators loaded, times corr, then the first `pairs` k-pairs (16, or 8 where the block's
+// second 16 keys are all masked) of V's broadcast pair with P^T's row each, interleaved over the
+// 8 rows, and stored once
+template <bool kHiOnly>
+static inline void tile_values(VecTiles &, const uint16_t *pt, const uint16_t *va, long cols, long pairs,
+                               __m512 corr, float *acc) {
+  static_assert(kHiOnly, "vdpbf16ps tiles take bfloat16 compute only (hi . hi)");
+  __m512bh p[16];
+  for (int kk = 0; kk < 16; ++kk) p[kk] = (__m512bh)_mm512_load_si512(pt + 32 * kk);
+  if (pairs == 8) {
+    tile_values_pairs<8>(p, va, cols, corr, acc);
+    return;
+  }
+  tile_values_pairs<16>(p, va, cols, corr, acc);
 }
 
 // One work item: query tokens t0 .. t0 + rows - 1 (rows <= 16) of a sequence, the query heads
@@ -299,12 +336,18 @@ static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, lo
         if (to < 15) seen[j] = to < 0 ? 0 : (__mmask16)(seen[j] & (0xffffu >> (15 - to)));
         mx = _mm512_mask_max_ps(mx, seen[j], mx, _mm512_load_ps(sc + 16 * j));
       }
-      const __m512 corr = exp16(_mm512_sub_ps(m, mx));
+      const __m512 corr = softmax_exp16<kHiOnly>(_mm512_sub_ps(m, mx));
       __m512 sum = _mm512_setzero_ps();
-      for (long kk = 0; kk < 16; ++kk) {  // P^T's B tile: 16 pairs of keys x 16 tokens
-        const __m512 p0 = _mm512_maskz_mov_ps(seen[2 * kk], exp16(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk), mx)));
-        const __m512 p1 =
-            _mm512_maskz_mov_ps(seen[2 * kk + 1], exp16(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk + 16), mx)));
+      const long pairs = j0 + 16 < n_keys ? 16 : 8;  // 8: keys j0 + 16 .. are masked for every token
+      for (long kk = pairs; kk < 16; ++kk) {
+        _mm512_store_si512(pt + 32 * kk, _mm512_setzero_si512());
+        if constexpr (!kHiOnly) _mm512_store_si512(pt + 512 + 32 * kk, _mm512_setzero_si512());
+      }
+      for (long kk = 0; kk < pairs; ++kk) {  // P^T's B tile: 16 pairs of keys x 16 tokens
+        const __m512 p0 =
+            _mm512_maskz_mov_ps(seen[2 * kk], softmax_exp16<kHiOnly>(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk), mx)));
+        const __m512 p1 = _mm512_maskz_mov_ps(
+            seen[2 * kk + 1], softmax_exp16<kHiOnly>(_mm512_sub_ps(_mm512_load_ps(sc + 32 * kk + 16), mx)));
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
         __m512i hi, lo;
         pair16(p0, p1, &hi, &lo);
@@ -313,7 +356,7 @@ static void tile_prompt_item(Tiles &tiles, T *out, const T *q, long q_stride, lo
       }
       l = _mm512_fmadd_ps(l, corr, sum);
       m = mx;
-      tile_values<kHiOnly>(tiles, pt, vp + kb * cols * parts * 512, cols, corr, acc);
+      tile_values<kHiOnly>(tiles, pt, vp + kb * cols * parts * 512, cols, pairs, corr, acc);
     }
     const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
     for (long c = 0; c < cols; ++c) {  // O's rows: 16 columns of d at a time, transposed back
