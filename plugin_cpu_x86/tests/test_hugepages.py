@@ -91,3 +91,27 @@ def test_prepared_x8_weights_live_in_huge_pages(isa):
             prepared.fmt, prepared.code, prepared.data.clone(), None, 40, 64, act16=prepared.act16
         )  # the same weight in ordinary memory
         assert torch.equal(kernels.linear(x, prepared), kernels.linear(x, plain))
+
+
+@pytest.mark.parametrize("quantization,fmt", [("gguf", "Q4_0"), (None, "float32")])
+def test_packed_experts_live_in_huge_pages(quantization, fmt):
+    """MoE experts packed for fused_moe (one tensor a projection, stacked after each expert's
+    preparation): in the arena too, not in the ordinary pages the stacking made."""
+    from plugins.moe import ExpertWeights
+    from plugins.reference import random_gguf_weight
+
+    experts, hidden, inter = 4, 64, 96
+    if fmt == "float32":
+        gen = torch.Generator().manual_seed(2)
+        stacks = (
+            torch.randn(experts, 2 * inter, hidden, generator=gen),
+            torch.randn(experts, hidden, inter, generator=gen),
+        )
+    else:
+        stacks = (random_gguf_weight(fmt, experts * 2 * inter, hidden, seed=1, scale=0.01),
+                  random_gguf_weight(fmt, experts * hidden, inter, seed=2, scale=0.01))  # fmt: skip
+    kernels = NativeCpuKernels(ISA_TABLE, "auto", num_threads=2)
+    kernels.moe_prepack = True
+    packed = kernels.prepare_experts(ExpertWeights(*stacks, experts), quantization)
+    for projection in (packed.gate_up, packed.down):
+        assert "hg" in vm_flags(projection.data.data_ptr())

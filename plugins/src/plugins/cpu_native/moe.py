@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import Structure, c_int, c_long, c_void_p
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -164,6 +164,10 @@ def pack_experts(kernels: Any, experts: ExpertWeights, quantization: str | None,
     packed_gate_up, packed_down = _stack(gate_up), _stack(down)
     if packed_gate_up is None or packed_down is None:
         return None
+    # a decode step streams the active experts' rows: in transparent huge pages, as the dense
+    # linears' repacked weights (kernels.weight_arena), not in the 4 KiB pages torch.stack made
+    arena = kernels.weight_arena
+    packed_gate_up, packed_down = (replace(p, data=arena.copy(p.data)) for p in (packed_gate_up, packed_down))
     return NativeExperts(packed_gate_up, packed_down, num)
 
 
