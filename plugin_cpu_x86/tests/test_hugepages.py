@@ -115,3 +115,21 @@ def test_packed_experts_live_in_huge_pages(quantization, fmt):
     packed = kernels.prepare_experts(ExpertWeights(*stacks, experts), quantization)
     for projection in (packed.gate_up, packed.down):
         assert "hg" in vm_flags(projection.data.data_ptr())
+
+
+def test_float32_weights_live_in_huge_pages():
+    """Full-precision float32 matrices (F16/F32 GGUF files, float32 checkpoints) are copied into the
+    arena with their values; small ones and other dtypes stay as they came."""
+    from plugins.cpu_native.linear import DENSE_ARENA_MIN
+
+    kernels = NativeCpuKernels(ISA_TABLE, "auto", num_threads=2)
+    gen = torch.Generator().manual_seed(3)
+    big = torch.randn(DENSE_ARENA_MIN // 64, 64, generator=gen)
+    prepared = kernels.prepare_linear(big, None)
+    assert prepared is not big and torch.equal(prepared, big)
+    assert "hg" in vm_flags(prepared.data_ptr())
+    x = torch.randn(2, 64, generator=gen)
+    assert torch.equal(kernels.linear(x, prepared), kernels.linear(x, big))
+    small, bf16 = torch.randn(8, 64, generator=gen), big.bfloat16()
+    assert kernels.prepare_linear(small, None) is small
+    assert kernels.prepare_linear(bf16, None) is bf16
