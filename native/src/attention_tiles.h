@@ -5,6 +5,8 @@
 // kMaxHead, kChunk, RowOf and cache_rows, simd.h and amx.h.
 #pragma once
 
+#include "bf16_tile.h"  // exp16
+
 #if defined(__AVX512BF16__)
 // Prompt attention on tiles. A sequence with kTilePrompt or more query tokens (d a multiple of 32)
 // has its K/V rows packed once a kv head into the tiles' operand layouts; then each 16 of its
@@ -16,24 +18,6 @@
 // of a product); bfloat16 compute takes hi . hi alone, P rounded to bfloat16.
 static const long kTilePrompt = 16;
 static const long kTilePackMax = 256L << 20;  // bytes of packed K/V a call may take; more: the vector path
-
-// fast_exp (common.h) on 16 lanes
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
 
 // exp on 16 lanes for a softmax whose probabilities are rounded to bfloat16 (2^-9 of a value):
 // relative error ~4e-5. x is clamped below at -87 (exp ~1.6e-38); n = round(x log2 e),

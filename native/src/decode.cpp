@@ -106,6 +106,20 @@ static int linear(const CKLinear &l, int dtype, const void *x, long rows, void *
   return add_lora(l, dtype, x, rows, out, nt);
 }
 
+// act [rows, inter] = SiLU(gate) * up of gate_up's product of x: in one pass on the bfloat16
+// panels (linear_bf16w_silu_mul) where linear would take them and no adapter adds to the
+// product, else the product into gate_up [rows, 2 * inter], then silu_and_mul
+static int gate_up_silu(const CKLinear &l, int dtype, const void *x, long rows, void *gate_up, void *act, long inter,
+                        int nt) {
+  if (l.bf16w && dtype == CK_BF16 && rows >= CK_FN(bf16_panel_min_rows)() && !(l.lora && l.lora->step->row_slots)) {
+    const int status = CK_FN(linear_bf16w_silu_mul)(l.bf16w, inter, l.k, x, l.k, rows, act, l.bias, l.bias_dtype, nt);
+    if (status != -3) return status;
+  }
+  const int status = linear(l, dtype, x, rows, gate_up, nt);
+  if (!status) CK_FN(silu_and_mul)(dtype, act, gate_up, 2 * inter, rows, inter, nt);
+  return status;
+}
+
 // out [rows, heads * d] = each d-wide head of x (row r at x + r * x_stride, heads contiguous)
 // RMS-normalized with w: the heads copied out, then normalized in place (as the eager model's
 // q/k norm on a contiguous copy of its head view)
@@ -240,8 +254,7 @@ int CK_FN(decode)(const CKDecoder *m, const CKStep *s, int nt) {
                       m->eps, nt);
     if (l.moe) {
       status = moe_mlp(*l.moe, dt, b[NORMED], t, b[PROJ], b[LOGITS], (float *)b[TOPW], (int64_t *)b[TOPI], nt);
-    } else if (!(status = linear(l.gate_up, dt, b[NORMED], t, b[GATE_UP], nt))) {
-      CK_FN(silu_and_mul)(dt, b[ACT], b[GATE_UP], 2 * m->inter, t, m->inter, nt);
+    } else if (!(status = gate_up_silu(l.gate_up, dt, b[NORMED], t, b[GATE_UP], b[ACT], m->inter, nt))) {
       status = linear(l.down, dt, b[ACT], t, b[PROJ], nt);
     }
     if (status || (status = reduce(b[PROJ]))) break;

@@ -240,6 +240,63 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
   free(rounded);
   return 0;
 }
+
+// out rows t < tx (row stride n) = SiLU(gate) * up of a gate tile and an up tile's kOpW columns
+// (kOpX x kOpW floats each) plus their bias (bg, bu), bit-equal to silu_and_mul (elementwise.cpp)
+// on linear_bf16w's output: gate and up rounded to bfloat16 as op_tile_out does, g u / (1 +
+// fast_exp(-g)) (exp16: the same values), rounded as from_f32 (denormals kept, NaN quiet). Not
+// inlined: its ~20 constants, hoisted into bf16_silu_mul's loops, would spill op_tile's accumulators
+__attribute__((noinline)) static void silu_mul_tile(const float *gate, const float *up, long tx, const float *bg, const float *bu,
+                                 bf16_t *out, long n) {
+  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7f800000);
+  for (long t = 0; t < tx; ++t)
+    for (long r = 0; r < kOpW; r += 16) {
+      const __m512 g = _mm512_add_ps(_mm512_loadu_ps(gate + t * kOpW + r), _mm512_loadu_ps(bg + r));
+      const __m512 u = _mm512_add_ps(_mm512_loadu_ps(up + t * kOpW + r), _mm512_loadu_ps(bu + r));
+      const __m512 gr = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(g)), 16));
+      const __m512 ur = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(u)), 16));
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gr));
+      const __m512i y = _mm512_castps_si512(_mm512_div_ps(_mm512_mul_ps(gr, ur), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+      const __m512i rounded = _mm512_srli_epi32(
+          _mm512_add_epi32(_mm512_add_epi32(y, half), _mm512_and_si512(_mm512_srli_epi32(y, 16), one)), 16);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(y, _mm512_set1_epi32(0x7fffffff)), inf);
+      const __m512i b = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(y, 16), _mm512_set1_epi32(0x40));
+      _mm256_storeu_si256((__m256i *)(out + t * n + r), _mm512_cvtepi32_epi16(b));
+    }
+}
+
+// out[rows, inter] = SiLU(gate) * up of x[rows, k] @ W^T + bias, W gate_up's 2 * inter rows
+// packed as linear_bf16w's (gate's, then up's; inter a multiple of kOpW). Each item (row block,
+// group of kOpW gate columns) takes the gate group's tiles and the matching up group's, so the
+// [rows, 2 * inter] product is never written; a gate tile pulls the up group's panel in, an up
+// tile the next item's gate group (bf16_tile.h's `next`).
+static int bf16_silu_mul(const uint32_t *wp, long inter, long k, const bf16_t *x, long xs, long rows, bf16_t *out,
+                         const void *bias, int bias_dt, int nt) {
+  const long kp = k / 2, groups = inter / kOpW;
+  long block = kXBlockBytes / (k * (long)sizeof(bf16_t)) / kOpX * kOpX;
+  block = block < kOpX ? kOpX : block;
+  const long blocks = (rows + block - 1) / block, items = blocks * groups;
+  const long per_claim = items / (16L * (nt > 1 ? nt : 1)), run = per_claim > 1 ? per_claim : 1;
+  parallel_for(items, run, nt, rows * 2 * inter * k >= (1L << 18), [&](long lo, long hi) {
+    alignas(64) float gate[kOpX * kOpW], up[kOpX * kOpW];
+    for (long item = lo; item < hi; ++item) {
+      const long g = item % groups, b = item / groups, r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      const uint32_t *wg = wp + g * kp * kOpW, *wu = wp + (groups + g) * kp * kOpW;
+      const uint32_t *next = item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
+      float unit[kOpW], bg[kOpW], bu[kOpW];
+      row_params(NULL, bias, bias_dt, g * kOpW, kOpW, unit, bg);
+      row_params(NULL, bias, bias_dt, inter + g * kOpW, kOpW, unit, bu);
+      for (long t0 = b * block; t0 < r1; t0 += kOpX) {
+        const long tx = r1 - t0 < kOpX ? r1 - t0 : kOpX, quarter = (t0 - b * block) / kOpX;
+        op_tile_rows<kOpC>(tx, wg, kp, x + t0 * xs, xs, gate, quarter < kOpC ? wu + quarter * kp * 16 : NULL);
+        op_tile_rows<kOpC>(tx, wu, kp, x + t0 * xs, xs, up,
+                           next && quarter < kOpC ? next + quarter * kp * 16 : NULL);
+        silu_mul_tile(gate, up, tx, bg, bu, out + t0 * inter + g * kOpW, inter);
+      }
+    }
+  });
+  return 0;
+}
 #endif  // __AVX512BF16__
 
 }  // namespace CK_NS
@@ -299,6 +356,22 @@ int CK_FN(linear_bf16w)(const void *w, long n, long k, int dtype, const void *x,
                                     nthreads);
   return bf16_linear_typed<bf16_t>(wp, n, k, (const bf16_t *)x, x_stride, rows, (bf16_t *)out, bias, bias_dtype,
                                    act, nthreads);
+#else
+  return -2;
+#endif
+}
+
+// out[rows, inter] (bfloat16, contiguous) = SiLU(gate) * up of the bfloat16 x[rows, k] (row stride
+// x_stride) @ W^T + bias, W a gate_up projection's 2 * inter rows (gate's, then up's) packed as
+// linear_bf16w's: bit-equal to linear_bf16w into [rows, 2 * inter] followed by silu_and_mul,
+// without that intermediate. Returns 0, -2 on builds without AVX512_BF16, -3 where inter is not
+// a multiple of the packed groups' 64 rows (the caller takes the two passes).
+int CK_FN(linear_bf16w_silu_mul)(const void *w, long inter, long k, const void *x, long x_stride, long rows,
+                                void *out, const void *bias, int bias_dtype, int nthreads) {
+#if defined(__AVX512BF16__)
+  if (inter % kOpW) return -3;
+  return bf16_silu_mul((const uint32_t *)w, inter, k, (const bf16_t *)x, x_stride, rows, (bf16_t *)out, bias,
+                       bias_dtype, nthreads);
 #else
   return -2;
 #endif

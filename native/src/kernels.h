@@ -38,6 +38,8 @@ int CK_FN(linear)(int qt, const void *w, const float *row_scale, long n, long k,
 int CK_FN(bf16_panel_min_rows)(void);
 int CK_FN(linear_bf16w)(const void *w, long n, long k, int dtype, const void *x, long x_stride, long rows,
                        void *out, const void *bias, int bias_dtype, int act, int nthreads);
+int CK_FN(linear_bf16w_silu_mul)(const void *w, long inter, long k, const void *x, long x_stride, long rows,
+                                void *out, const void *bias, int bias_dtype, int nthreads);
 int CK_FN(lora_shrink)(int dtype, const void *x, long x_stride, long rows, const void *a, long r_total,
                        long in, const int64_t *row_slots, float *h, int nthreads);
 int CK_FN(lora_expand)(int dtype, void *y, long y_stride, const float *h, long h_stride, const void *b,
