@@ -12,7 +12,7 @@ stored). Per linear: microseconds a call (the least of ``--steps`` steps: other 
 shared machine only add), GB/s of weight bytes, and that against a float32 copy's bandwidth
 (``floors.memory_bandwidth``, read + write counted). A call includes ctypes' ~1 us. The x8
 weights lie in transparent huge pages as the engine places them (``--pages huge``,
-:mod:`plugins.cpu_native.hugepages`) or in ordinary 4 KiB ones (``--pages 4k``; ``huge,4k``: both,
+:mod:`plugins.hugepages`) or in ordinary 4 KiB ones (``--pages 4k``; ``huge,4k``: both,
 steps alternating, with the median ratio of their step totals). Not for CI.
 """
 
@@ -28,9 +28,9 @@ import torch
 from floors import memory_bandwidth
 from linear_kernels import random_weight
 from plugin_cpu_x86.platform import ISA_TABLE
-from plugins.cpu_native.hugepages import HugePageArena
 from plugins.cpu_native.kernels import NativeCpuKernels
 from plugins.cpu_native.library import ACT16, DTYPE_F32
+from plugins.hugepages import HugePageArena
 
 LAYERS = 30
 LINEARS = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}

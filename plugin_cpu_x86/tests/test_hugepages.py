@@ -1,4 +1,4 @@
-"""The huge-page arena of the repacked quantized weights (plugins/cpu_native/hugepages.py)."""
+"""The huge-page arena of the repacked quantized weights (plugins/hugepages.py)."""
 
 import gc
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from plugin_cpu_x86.platform import ISA_TABLE
-from plugins.cpu_native.hugepages import ALIGN, CHUNK, HugePageArena, huge_pages_supported
 from plugins.cpu_native.kernels import NativeCpuKernels
+from plugins.hugepages import ALIGN, CHUNK, HugePageArena, huge_pages_supported
 from plugins.kernels import GGUFWeight
 
 pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="no MADV_HUGEPAGE on this platform")
@@ -133,3 +133,18 @@ def test_float32_weights_live_in_huge_pages():
     small, bf16 = torch.randn(8, 64, generator=gen), big.bfloat16()
     assert kernels.prepare_linear(small, None) is small
     assert kernels.prepare_linear(bf16, None) is bf16
+
+
+def test_kv_cache_lives_in_huge_pages():
+    """The CPU platforms' KV cache (CpuMemoryProfiler.allocate_kv_cache): the shape and dtype asked
+    for, in a mapping marked for huge pages, writable everywhere."""
+    from plugin_cpu_x86.platform import CpuX86Platform
+    from plugins.cpu import CpuMemoryProfiler
+
+    shape = (2, 3, 16, 5, 64)
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        cache = CpuMemoryProfiler(CpuX86Platform()).allocate_kv_cache(shape, dtype, torch.device("cpu"))
+        assert cache.shape == shape and cache.dtype == dtype and cache.is_contiguous()
+        assert "hg" in vm_flags(cache.data_ptr())
+        cache.view(torch.uint8).fill_(7)
+        assert bool((cache.view(torch.uint8) == 7).all())

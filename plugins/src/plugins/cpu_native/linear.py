@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from plugins.cpu_native.bf16 import GELU_CODES, Bf16Weight, bf16_linear, pack_bf16
-from plugins.cpu_native.hugepages import HugePageArena
 from plugins.cpu_native.int_linear import native_form
 from plugins.cpu_native.library import (
     ACT16,
@@ -55,6 +54,7 @@ from plugins.cpu_native.x8 import (
 )
 from plugins.errors import UnsupportedFeature
 from plugins.gguf_quants import FORMATS, dequantize, row_bytes
+from plugins.hugepages import HugePageArena
 from plugins.int_quant import INT_FORMATS, IntWeight, round_activations
 from plugins.kernels import GGUFWeight
 
@@ -282,7 +282,7 @@ class QuantLinearMixin:
 
     @cached_property
     def weight_arena(self) -> HugePageArena:
-        """Where the repacked weights live: memory in transparent huge pages (:mod:`plugins.cpu_native.hugepages`)."""
+        """Where the repacked weights live: memory in transparent huge pages (:mod:`plugins.hugepages`)."""
         return HugePageArena()
 
     def _dense(self, weight: torch.Tensor) -> torch.Tensor:
