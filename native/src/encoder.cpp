@@ -268,8 +268,8 @@ __attribute__((noinline)) static void silu_mul_tile(const float *gate, const flo
 // out[rows, inter] = SiLU(gate) * up of x[rows, k] @ W^T + bias, W gate_up's 2 * inter rows
 // packed as linear_bf16w's (gate's, then up's; inter a multiple of kOpW). Each item (row block,
 // group of kOpW gate columns) takes the gate group's tiles and the matching up group's, so the
-// [rows, 2 * inter] product is never written; a gate tile pulls the up group's panel in, an up
-// tile the next item's gate group (bf16_tile.h's `next`).
+// [rows, 2 * inter] product is never written; the first kOpC gate (up) tiles pull in the next
+// item's gate (up) group, a quarter each (bf16_tile.h's `next`), as linear_bf16w's run ahead.
 static int bf16_silu_mul(const uint32_t *wp, long inter, long k, const bf16_t *x, long xs, long rows, bf16_t *out,
                          const void *bias, int bias_dt, int nt) {
   const long kp = k / 2, groups = inter / kOpW;
@@ -282,15 +282,16 @@ static int bf16_silu_mul(const uint32_t *wp, long inter, long k, const bf16_t *x
     for (long item = lo; item < hi; ++item) {
       const long g = item % groups, b = item / groups, r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
       const uint32_t *wg = wp + g * kp * kOpW, *wu = wp + (groups + g) * kp * kOpW;
-      const uint32_t *next = item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
+      const uint32_t *next_g = item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
+      const uint32_t *next_u = next_g ? next_g + groups * kp * kOpW : NULL;
       float unit[kOpW], bg[kOpW], bu[kOpW];
       row_params(NULL, bias, bias_dt, g * kOpW, kOpW, unit, bg);
       row_params(NULL, bias, bias_dt, inter + g * kOpW, kOpW, unit, bu);
       for (long t0 = b * block; t0 < r1; t0 += kOpX) {
         const long tx = r1 - t0 < kOpX ? r1 - t0 : kOpX, quarter = (t0 - b * block) / kOpX;
-        op_tile_rows<kOpC>(tx, wg, kp, x + t0 * xs, xs, gate, quarter < kOpC ? wu + quarter * kp * 16 : NULL);
-        op_tile_rows<kOpC>(tx, wu, kp, x + t0 * xs, xs, up,
-                           next && quarter < kOpC ? next + quarter * kp * 16 : NULL);
+        const bool ahead = next_g && quarter < kOpC;
+        op_tile_rows<kOpC>(tx, wg, kp, x + t0 * xs, xs, gate, ahead ? next_g + quarter * kp * 16 : NULL);
+        op_tile_rows<kOpC>(tx, wu, kp, x + t0 * xs, xs, up, ahead ? next_u + quarter * kp * 16 : NULL);
         silu_mul_tile(gate, up, tx, bg, bu, out + t0 * inter + g * kOpW, inter);
       }
     }
