@@ -11,7 +11,8 @@ import gguf
 import pytest
 import torch
 from plugin_cpu_x86.platform import CpuX86Platform
-from plugins.cpu_native.bf16 import reference_bf16_linear
+from plugins.cpu_native.bf16 import pack_bf16, reference_bf16_linear
+from plugins.cpu_native.library import DTYPE_BF16, DTYPE_F32
 from plugins.kernels import GGUFWeight
 
 
@@ -67,3 +68,25 @@ def test_few_rows_and_prepack_off_dequantize_per_product(monkeypatch, gen):
     out = off.linear(x, weight)
     assert not weight.panels and off.bf16_panels(weight) is None
     assert_close(out, (x.float() @ weight.dequantize().T).bfloat16(), "CPU_BF16_PREPACK=0")
+
+
+@pytest.mark.parametrize("rows,bias", [(9, False), (130, True)])
+def test_gate_up_silu_in_one_pass_equals_two(monkeypatch, gen, rows, bias):
+    """linear_bf16w_silu_mul (the fused decoder's gate_up) gives linear_bf16w then silu_and_mul's
+    bits; 130 rows of k = 576 span two of its row blocks. An inter that is not a multiple of the
+    packed groups' 64 rows is refused with -3 (the caller's two passes)."""
+    kernels = prepack_kernels(monkeypatch, True)
+    lib, inter, k = kernels.lib, 128, 576
+    weight = pack_bf16(torch.randn(2 * inter, k, generator=gen) * 0.05)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    b = torch.randn(2 * inter, generator=gen) if bias else None
+    bias_arg = (b.data_ptr() if bias else None, DTYPE_F32)
+    gate_up = x.new_empty(rows, 2 * inter)
+    two, one = x.new_empty(rows, inter), x.new_full((rows, inter), float("nan"))
+    assert not lib.linear_bf16w(weight.data_ptr, 2 * inter, k, DTYPE_BF16, x.data_ptr(), k, rows, gate_up.data_ptr(),
+                                *bias_arg, 0, 2)  # fmt: skip
+    lib.silu_and_mul(DTYPE_BF16, two.data_ptr(), gate_up.data_ptr(), 2 * inter, rows, inter, 2)
+    assert not lib.linear_bf16w_silu_mul(weight.data_ptr, inter, k, x.data_ptr(), k, rows, one.data_ptr(), *bias_arg, 2)
+    assert torch.equal(one, two), f"differ by {(one.float() - two.float()).abs().max()}"
+    odd = pack_bf16(torch.randn(2 * 96, k, generator=gen))
+    assert lib.linear_bf16w_silu_mul(odd.data_ptr, 96, k, x.data_ptr(), k, rows, one.data_ptr(), None, 0, 2) == -3

@@ -125,6 +125,9 @@ _SIGNATURES = {
     # packed w, n, k, dtype, x, x_stride, rows, out, bias, bias_dtype, act, nthreads
     # (native/src/encoder.cpp; plugins/cpu_native/bf16.py packs w)
     "linear_bf16w": (c_int, [_P, c_long, c_long, c_int, _P, c_long, c_long, _P, _P, c_int, c_int, c_int]),
+    # packed gate_up w (2 * inter rows), inter, k, x (bfloat16), x_stride, rows, out, bias, bias_dtype,
+    # nthreads: SiLU(gate) * up in one pass (native/src/encoder.cpp; native/src/decode.cpp calls it)
+    "linear_bf16w_silu_mul": (c_int, [_P, c_long, c_long, _P, c_long, c_long, _P, _P, c_int, c_int]),
     "linear_bf16w_ready": (c_int, []),
     "bf16_panel_min_rows": (c_int, []),
     # dtype, x, x_stride, rows, a, r_total, in, row_slots, h, nthreads (native/src/lora.cpp)
