@@ -48,14 +48,17 @@ def concat_rows(parts: list[Any]) -> Any:
 def held_bytes(obj: Any, seen: set[int]) -> int:
     """Bytes of the tensors reachable from ``obj`` (a tensor, a prepared weight, a container).
 
-    ``seen`` holds the storage pointers (or, without storage, tensor ids) already counted, so
-    shared (tied) weights count once.
+    ``seen`` holds the tensors already counted, by where their bytes start (or, without
+    addressable data, by tensor id), so shared (tied) weights count once. A tensor counts its
+    own bytes, not its storage's: weights copied into one shared mapping (the CPU plugins'
+    huge-page arena) are views of a storage larger than they are.
     """
     if isinstance(obj, torch.Tensor):
+        size = obj.nelement() * obj.element_size()
         try:
-            key, size = obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()
+            key = obj.data_ptr()
         except RuntimeError:  # no addressable storage (lazy tensors): the tensor object itself
-            key, size = id(obj), obj.nelement() * obj.element_size()
+            key = id(obj)
         if key in seen:
             return 0
         seen.add(key)
