@@ -33,9 +33,10 @@ def huge_pages_supported() -> bool:
 
 
 def _mapping(nbytes: int) -> torch.Tensor:
-    """``nbytes`` (a multiple of :data:`HUGE_PAGE`) of fresh anonymous memory marked for huge
-    pages, starting on a huge-page boundary, as a uint8 tensor that keeps the mapping alive."""
-    mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    """``nbytes`` of fresh anonymous memory marked for huge pages (whole huge pages mapped),
+    starting on a huge-page boundary, as a uint8 tensor that keeps the mapping alive."""
+    pages = -(-nbytes // HUGE_PAGE)
+    mm = mmap.mmap(-1, (pages + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mm.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: page faults then take huge pages
     buf = torch.frombuffer(mm, dtype=torch.uint8)
     start = -buf.data_ptr() % HUGE_PAGE
@@ -48,10 +49,10 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     cannot be asked for (:func:`huge_pages_supported`)."""
     if not huge_pages_supported():
         return torch.empty(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
-    return _mapping(-(-nbytes // HUGE_PAGE) * HUGE_PAGE)[:nbytes].view(dtype).view(shape)
+    return _mapping(nbytes).view(dtype).view(shape)
 
 
 class HugePageArena:
@@ -79,7 +80,7 @@ class HugePageArena:
     def _take(self, nbytes: int) -> torch.Tensor:
         size = -(-nbytes // ALIGN) * ALIGN
         if size > CHUNK:
-            return _mapping(-(-size // HUGE_PAGE) * HUGE_PAGE)[:nbytes]
+            return _mapping(nbytes)
         with self._lock:
             if self._chunk is None or self._used + size > CHUNK:
                 self._chunk, self._used = _mapping(CHUNK), 0
