@@ -30,9 +30,10 @@ from results import COMPARE_HEADER, compare_rows, extra_rows, floors_rows, keep_
 
 
 def _decode_prompt(vocab: int, seed: int) -> list[int]:
-    from core.bench.stats import random_prompts
+    """Every system's batch-1 decode prompt: the one of ``engine_part.decode_prompt``."""
+    from engine_part import decode_prompt
 
-    return random_prompts(1, 8, vocab, seed)[0]
+    return decode_prompt(vocab, seed)
 
 
 def part_floors(a: argparse.Namespace) -> dict:

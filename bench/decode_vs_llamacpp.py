@@ -6,8 +6,8 @@ For each file (the default Q4_1 and the Q4_0/Q8_0 files of ``gguf_files.py``), b
 back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on its default path
 (int16 activations on these files' blocks where the int8 kernel is vectorized, else float32
 ones) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
-subprocess: decode = 128 tokens after a 16-token prompt (``engine_part.decode_tok_s``,
-best of two), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
+subprocess: decode = 128 tokens after ``engine_part.decode_prompt`` (``engine_part.decode_tok_s``,
+bench/'s one batch-1 decode method, the one ``cpu_vs_baselines.py`` uses), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
 Prints a markdown table with the ratios to llama.cpp's tg128 / pp512 (``--results``: also
 into that file's ``decode-formats`` section, with the command, ISA and load). Not for CI.
 """
@@ -49,10 +49,11 @@ def llama_bench(bench: Path, model: Path, threads: int) -> dict[str, float]:
 def ours(model: str) -> dict[str, float]:
     """This engine on ``model`` (in this process): decode and prefill tok/s."""
     import engine_part
-    from core.bench.throughput import run_throughput
+    from core.bench.throughput import run_throughput, vocab_of
 
     llm = engine_part.make_llm(model, "gguf", prefix_caching=False)
-    result = {"decode": engine_part.decode_tok_s(llm, list(range(100, 116)), 128)}
+    result = {"decode": engine_part.decode_tok_s(llm, engine_part.decode_prompt(vocab_of(llm)[0]), 128)}
+    result["memory_pages"] = engine_part.memory_pages()
     for name, (num, length) in {"pp 4x128": (4, 128), "pp512": (1, 512)}.items():
         best = 0.0
         for seed in range(2):

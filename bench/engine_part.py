@@ -31,10 +31,46 @@ def make_llm(
     )  # fmt: skip
 
 
-def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
-    """Batch-1 decode rate: ``n_gen`` tokens after the first, over the time since the first arrived.
+def memory_pages() -> dict[str, float]:
+    """This process's resident memory and how much of its anonymous memory is in transparent huge
+    pages (MB, from ``/proc/self/smaps_rollup``; empty off Linux): a decode step that streams its
+    weights from 4 KiB pages runs ~1.27x slower (bench/RESULTS.md, issue 47 stop 54), and the kernel
+    falls back to them when it finds no free 2 MiB page."""
+    try:
+        lines = open("/proc/self/smaps_rollup").read().splitlines()
+    except OSError:
+        return {}
+    fields = {name: int(rest.split()[0]) / 1024 for name, _, rest in (line.partition(":") for line in lines[1:])}
+    return {"rss_mb": fields["Rss"], "anon_huge_mb": fields["AnonHugePages"]}
 
-    Drives the engine step by step and stamps each new token (prefill excluded); best of two.
+
+#: prompt tokens of the batch-1 decode workload, the same for every bench and every system measured
+DECODE_PROMPT_LEN = 16
+
+
+def decode_prompt(vocab: int, seed: int = 0) -> list[int]:
+    """The batch-1 decode workload's prompt: :data:`DECODE_PROMPT_LEN` ids drawn uniformly from
+    ``[0, vocab)`` with ``seed`` (``core.bench.stats.random_prompts``).
+
+    Random ids, not a fixed run like ``100..115``: that one makes the default model repeat two
+    tokens for the whole generation, which is not what a user's decode looks like.
+    """
+    from core.bench.stats import random_prompts
+
+    return random_prompts(1, DECODE_PROMPT_LEN, vocab, seed)[0]
+
+
+def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
+    """Batch-1 decode rate of ``llm`` as a user's ``LLM.generate`` gets it: the one method of bench/.
+
+    - warm-up: one request of ``prompt`` for 2 tokens through ``LLM.generate`` (first-call costs);
+    - timed: two requests of ``prompt``, greedy, ``ignore_eos``, ``n_gen + 1`` tokens each, driven
+      step by step as ``LLM.generate`` drives them, each new token stamped as its step returns;
+    - rate: ``n_gen`` over the time from the first token's stamp to the last one's, so the prompt's
+      prefill and the first token are excluded and everything else of a decode step (scheduler,
+      model, sampler, detokenizer, Python) is included; the better of the two requests.
+
+    Use :func:`decode_prompt` for ``prompt`` so every bench times the same workload.
     """
     from core.sampling_params import SamplingParams
 
@@ -91,6 +127,7 @@ def measure(
     llm = make_llm(model, quantization, prefix_caching=False, dtype=dtype)
     result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
     result["platform"] = llm.engine.platform.name
+    result["memory_pages"] = memory_pages()
     result["weights_bytes"] = llm.engine.loaded.weights_bytes
     # bytes a decode step reads: not the embedding table when it is held apart from lm_head
     # (a dense copy for lookups beside a quantized tied lm_head): a step reads one row of it
