@@ -7,7 +7,8 @@ back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on its defau
 (int16 activations on these files' blocks where the int8 kernel is vectorized, else float32
 ones) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
 subprocess: decode = 128 tokens after ``engine_part.decode_prompt`` (``engine_part.decode_tok_s``,
-bench/'s one batch-1 decode method, the one ``cpu_vs_baselines.py`` uses), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
+bench/'s one batch-1 decode method, the one ``cpu_vs_baselines.py`` uses; against the bandwidth
+floor measured around it, ``engine_part.decode_vs_floor``), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
 Prints a markdown table with the ratios to llama.cpp's tg128 / pp512 (``--results``: also
 into that file's ``decode-formats`` section, with the command, ISA and load). Not for CI.
 """
@@ -52,8 +53,8 @@ def ours(model: str) -> dict[str, float]:
     from core.bench.throughput import run_throughput, vocab_of
 
     llm = engine_part.make_llm(model, "gguf", prefix_caching=False)
-    result = {"decode": engine_part.decode_tok_s(llm, engine_part.decode_prompt(vocab_of(llm)[0]), 128)}
-    result["memory_pages"] = engine_part.memory_pages()
+    floor = engine_part.decode_vs_floor(llm, engine_part.decode_prompt(vocab_of(llm)[0]), 128)
+    result = {"decode": floor["decode_tok_s"], "decode_floor": floor}
     for name, (num, length) in {"pp 4x128": (4, 128), "pp512": (1, 512)}.items():
         best = 0.0
         for seed in range(2):
@@ -75,20 +76,22 @@ def ours_subprocess(model: Path, mode: str, threads: int) -> dict:
 
 def table(results: dict) -> str:
     lines = [
-        "| file | llama.cpp pp128 / pp512 / tg128 | ours | pp 4x128 / pp512 / decode | decode / tg128 | pp512 / pp512 |",
-        "|---|---|---|---|---|---|",
+        "| file | llama.cpp pp128 / pp512 / tg128 | ours | pp 4x128 / pp512 / decode | decode / tg128 | pp512 / pp512 "
+        "| decode / bandwidth floor |",
+        "|---|---|---|---|---|---|---|",
     ]
     for fmt, r in results.items():
         lc = r["llama.cpp"]
         for mode in MODES:
             o = r[mode]
             if "error" in o:
-                lines.append(f"| {fmt} | | {mode} | failed: {o['error']} | | |")
+                lines.append(f"| {fmt} | | {mode} | failed: {o['error']} | | | |")
                 continue
             lines.append(
                 f"| {fmt}{' (llama.cpp --repack 0)' if lc.get('repack') == 0 else ''} | {lc['pp128']:.0f} / {lc['pp512']:.0f} / {lc['tg128']:.0f} | {mode} ({o['isa']}) | "
                 f"{o['pp 4x128']:.0f} / {o['pp512']:.0f} / {o['decode']:.0f} | {o['decode'] / lc['tg128']:.2f}x | "
-                f"{o['pp512'] / lc['pp512']:.2f}x |"
+                f"{o['pp512'] / lc['pp512']:.2f}x | {o['decode_floor']['floor_ratio']:.2f}x "
+                f"({o['decode_floor']['floor_tok_s']:.0f} tok/s) |"
             )
     return "\n".join(lines)
 

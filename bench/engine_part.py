@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -92,6 +93,50 @@ def decode_tok_s(llm: Any, prompt: list[int], n_gen: int) -> float:
     return best
 
 
+def streamed_bytes(llm: Any) -> int:
+    """Weight bytes a batch-1 decode step of ``llm`` reads: all its weights but the embedding table
+    when that is held apart from the lm_head (a dense copy for lookups beside a quantized tied
+    lm_head: a step reads one row of it)."""
+    model = llm.engine.loaded.model
+    emb = model.embed_tokens
+    apart = model.lm_head.weight is not emb
+    return llm.engine.loaded.weights_bytes - (emb.numel() * emb.element_size() if apart else 0)
+
+
+def decode_vs_floor(llm: Any, prompt: list[int], n_gen: int) -> dict[str, Any]:
+    """:func:`decode_tok_s` against the bandwidth floor measured around it, in this process.
+
+    The floor is ``copy bandwidth / streamed_bytes(llm)`` (a decode step that only streamed its
+    weights once, at the speed of a large copy on the engine's threads); the bandwidth is
+    measured (``floors.memory_bandwidth``) right before and right after the decode, and the
+    higher of the two is used, so a machine whose speed drifts over minutes is compared with
+    itself, not with a figure taken in another part of the run. Torch's thread count is put
+    back after each copy. Returns ``decode_tok_s``, ``bandwidth_gb_s`` (before, after),
+    ``floor_tok_s``, ``floor_ratio``, ``load_1min`` (before, after) and ``memory_pages``.
+    """
+    import floors
+    import torch
+
+    threads = len(llm.engine.platform.compute_cpus or ()) or os.cpu_count() or 1
+
+    def bandwidth() -> float:
+        engine_threads = torch.get_num_threads()
+        try:
+            return floors.memory_bandwidth(threads)
+        finally:
+            torch.set_num_threads(engine_threads)
+
+    load, before = [os.getloadavg()[0]], bandwidth()
+    rate = decode_tok_s(llm, prompt, n_gen)
+    after = bandwidth()
+    load.append(os.getloadavg()[0])
+    floor = max(before, after) / streamed_bytes(llm)
+    return {
+        "decode_tok_s": rate, "bandwidth_gb_s": [before / 1e9, after / 1e9], "floor_tok_s": floor,
+        "floor_ratio": rate / floor, "load_1min": load, "memory_pages": memory_pages(),
+    }  # fmt: skip
+
+
 def prefill_tok_s(llm: Any, prompt: list[int]) -> float:
     """One prompt's prefill rate: its tokens over the time to its first generated token; best of two.
 
@@ -119,22 +164,22 @@ def measure(
     prefill_len: int,
     dtype: str = "float32",
 ) -> dict:
-    """Batch-1 decode, ``num_seqs`` x (``prompt_len`` + ``n_gen``) throughput and one ``prefill_len``-token
-    prompt's prefill of one configuration (computing in ``dtype``)."""
+    """Batch-1 decode against its floor (:func:`decode_vs_floor`), ``num_seqs`` x (``prompt_len`` +
+    ``n_gen``) throughput and one ``prefill_len``-token prompt's prefill of one configuration
+    (computing in ``dtype``)."""
     from core.bench.stats import random_prompts
     from core.bench.throughput import run_throughput, vocab_of
 
     llm = make_llm(model, quantization, prefix_caching=False, dtype=dtype)
-    result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
+    floor = decode_vs_floor(llm, prompt, n_gen)
+    result: dict[str, Any] = {
+        "quantization": quantization,
+        "decode_tok_s": floor["decode_tok_s"],
+        "decode_floor": floor,
+    }
     result["platform"] = llm.engine.platform.name
-    result["memory_pages"] = memory_pages()
     result["weights_bytes"] = llm.engine.loaded.weights_bytes
-    # bytes a decode step reads: not the embedding table when it is held apart from lm_head
-    # (a dense copy for lookups beside a quantized tied lm_head): a step reads one row of it
-    model = llm.engine.loaded.model
-    emb = model.embed_tokens
-    apart = model.lm_head.weight is not emb
-    result["streamed_bytes"] = result["weights_bytes"] - (emb.numel() * emb.element_size() if apart else 0)
+    result["streamed_bytes"] = streamed_bytes(llm)
     tp = run_throughput(llm, num_seqs, prompt_len, n_gen, seed)
     result["throughput"] = tp.as_dict()
     result["output_tok_s"] = tp.output_tok_s

@@ -72,7 +72,11 @@ def compare_rows(d: dict) -> list[list[str]]:
         if not key.startswith("engine:") or "error" in res:
             continue
         weights = res.get("streamed_bytes", res.get("weights_bytes"))
-        floor = bandwidth * 1e9 / weights if bandwidth and weights else None
+        # the floor measured around the decode in its own part (engine_part.decode_vs_floor), else
+        # the floors part's bandwidth (a run from before that was recorded)
+        floor = _get(res, "decode_floor", "floor_tok_s") or (
+            bandwidth * 1e9 / weights if bandwidth and weights else None
+        )
         rows.append(row(f"core ({key.split(':', 1)[1]})", res.get("decode_tok_s"), floor, res.get("output_tok_s"),
                         res.get("prefill_tok_s")))  # fmt: skip
     for key, res in sorted(d.items()):
@@ -120,6 +124,15 @@ def extra_rows(d: dict) -> list[list[str]]:
                     [
                         f"{key} weight bytes a decode step reads (its floor's bytes)",
                         f"{res['streamed_bytes'] / 1e6:.1f} MB",
+                    ]
+                )
+            if "decode_floor" in res:
+                fl = res["decode_floor"]
+                rows.append(
+                    [
+                        f"{key} batch-1 decode floor: copy bandwidth right before / after the decode, load",
+                        f"{fl['bandwidth_gb_s'][0]:.1f} / {fl['bandwidth_gb_s'][1]:.1f} GB/s, floor "
+                        f"{fl['floor_tok_s']:.1f} tok/s, load {fl['load_1min'][0]:.1f} / {fl['load_1min'][1]:.1f}",
                     ]
                 )
     for key, res in sorted(d.items()):
