@@ -2,6 +2,7 @@
 
     python bench/spec_decode.py [--tokens 128] [--k 4] [--lookup-max 8] [--rounds 3] [--no-llamacpp]
     python bench/spec_decode.py --profile   # one copy-heavy n-gram completion step by step
+    python bench/spec_decode.py --replay    # n-gram steps of each workload's greedy output (load-independent)
 
 
 The target is the default model (SmolLM2-135M-Instruct) as an F16 GGUF; the drafts are n-gram
@@ -15,7 +16,13 @@ equal to the plain run's. llama.cpp runs as ``llama-server`` (the bench cache's 
 the same way (wall time of one chat completion); its n-gram size is ``--llamacpp-ngram-n``.
 ``--profile`` prints, for one copy-heavy completion with n-gram drafts, each step's query rows,
 drafts proposed and accepted, the target step's time (forward and logits) and the host time
-around it, then the target step's time by query rows (drafts forced, all rejected). Not for CI.
+around it, then the target step's time by query rows, 1 to 8 or k + 1 (drafts forced, all rejected).
+``--replay`` decodes each workload once without speculation and replays its greedy output through
+the engine's n-gram proposer (``SpecDecoder``: the steps, drafts and accepted drafts a speculative
+run takes, timing aside), beside an oracle that at each step takes the best continuation of any
+recurring suffix at exactly the length accepted; the steps where the oracle got more are counted
+by cause, and a speed-up is modelled from ``--row-costs`` (a verify step's cost by query rows, in
+plain steps). Not for CI.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ sys.path.insert(0, str(HERE))
 import gguf_files  # noqa: E402
 import llamacpp  # noqa: E402
 import serve_part  # noqa: E402
+from core.sequence import Sequence  # noqa: E402
+from core.spec_decode import SpecDecoder, SpeculativeConfig, num_accepted  # noqa: E402
 
 from core import LLM, SamplingParams  # noqa: E402
 
@@ -43,6 +52,8 @@ TEXT = (
     "    while left and right:\n        merged.append(left.pop(0) if left[0] <= right[0] else right.pop(0))\n"
     "    return merged + left + right\n"
 )
+#: --profile times target steps of 1 to this many query rows (at least k + 1)
+PROFILE_ROWS = 8
 WORKLOADS = {
     "copy-heavy": [{"role": "user", "content": f"Repeat this code exactly, with no comment:\n\n{TEXT}"}],
     "plain chat": [{"role": "user", "content": "Write a short poem about the sea."}],
@@ -78,6 +89,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-llamacpp", action="store_true")
     parser.add_argument("--profile", action="store_true", help="profile one copy-heavy n-gram completion")
+    parser.add_argument("--replay", action="store_true", help="replay each workload's output through the proposer")
+    parser.add_argument(
+        "--row-costs",
+        default="1,1.03,1.18,1.37,1.47",
+        help="--replay's verify step cost by query rows 1, 2, ... in plain steps (+0.1 a row beyond)",
+    )
     args = parser.parse_args()
     files = gguf_files.ensure_gguf_files(("Q4_0", "F16"))
     target, draft = str(files["F16"]), str(files["Q4_0"])
@@ -89,6 +106,9 @@ def main() -> int:
     kw = dict(model=target, max_model_len=1024, max_num_seqs=1)
     if args.profile:
         profile(LLM(speculative_config=configs["ngram"], **kw), args)
+        return 0
+    if args.replay:
+        replay(LLM(**kw), configs["ngram"], args)
         return 0
     engines = {"off": LLM(**kw)} | {name: LLM(speculative_config=c, **kw) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
@@ -174,10 +194,13 @@ def profile(llm: LLM, args: argparse.Namespace) -> None:
     tokens = sum(accepted + 1 for _, accepted, _ in steps)
     total = sum(t["step"] for *_, t in steps)
     print(f"{len(steps)} steps, {tokens} tokens, {tokens / total:.1f} tok/s over the decode steps")
-    print("\ntarget step by query rows (drafts forced: the last token repeated, all rejected); median ms")
-    print(f"{'rows':>4} {'forward':>8} {'logits':>7} {'host':>6} {'step':>7} {'vs 1 row':>8}")
-    one = None
-    for rows in range(1, args.k + 2):
+    print("\ntarget step by query rows (drafts forced: the last token repeated, all rejected); median ms, "
+          "and the fastest step (steadier than the median on a loaded machine)")  # fmt: skip
+    print(
+        f"{'rows':>4} {'forward':>8} {'logits':>7} {'host':>6} {'step':>7} {'vs 1 row':>8} {'min step':>8} {'vs 1 row':>8}"
+    )
+    one = fastest = None
+    for rows in range(1, max(args.k + 1, PROFILE_ROWS) + 1):
 
         def force(seqs, matcher, n=rows - 1):
             return {seq.seq_id: [seq.token_ids[-1]] * n for seq in seqs} if n else {}
@@ -185,10 +208,73 @@ def profile(llm: LLM, args: argparse.Namespace) -> None:
         timing = [t for _, _, t in complete(force)]
         med = {key: statistics.median(t[key] for t in timing) for key in ("forward", "logits", "step")}
         host = statistics.median(t["step"] - t["execute"] for t in timing)
-        one = one or med["step"]
+        low = min(t["step"] for t in timing)
+        one, fastest = one or med["step"], fastest or low
         print(f"{rows:>4} {1e3 * med['forward']:>8.2f} {1e3 * med['logits']:>7.2f} {1e3 * host:>6.2f} "
-              f"{1e3 * med['step']:>7.2f} {med['step'] / one:>7.2f}x")  # fmt: skip
+              f"{1e3 * med['step']:>7.2f} {med['step'] / one:>7.2f}x {1e3 * low:>8.2f} {low / fastest:>7.2f}x")  # fmt: skip
     engine.spec.propose = ngram
+
+
+def replay(llm: LLM, config: dict, args: argparse.Namespace) -> None:
+    """Each workload's greedy output replayed through the n-gram proposer, beside the oracle's steps."""
+    costs = [float(c) for c in args.row_costs.split(",")]
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    print(f"n-gram k={args.k} lookup 1..{args.lookup_max}, {args.tokens} tokens; row costs {args.row_costs}")
+    print(f"{'workload':<11} {'tokens':>6} {'steps':>5} {'drafts':>6} {'accepted':>8} {'modelled':>8} "
+          f"{'oracle':>6}  oracle ahead at: {'no drafts':>11} {'too short':>11} {'other occ.':>11}")  # fmt: skip
+    for workload, messages in WORKLOADS.items():
+        prompt = list(llm.engine.apply_chat_template(messages, add_generation_prompt=True))
+        output = list(llm.chat([messages], params, use_tqdm=False)[0].outputs[0].token_ids)
+        steps = replay_steps(prompt, output, SpeculativeConfig.from_dict(config))
+        oracle, position = 0, 1  # the oracle's steps; output[0] is the prefill step's token
+        while position < len(output):
+            position += best_continuation(prompt + output[:position], output[position:], args.k) + 1
+            oracle += 1
+        behind = {"no drafts": [0, 0], "too short": [0, 0], "other occ.": [0, 0]}
+        for position, drafts, accepted in steps:
+            best = best_continuation(prompt + output[:position], output[position:], args.k)
+            if best > accepted:
+                cause = "no drafts" if not drafts else "too short" if accepted == drafts else "other occ."
+                behind[cause][0] += 1
+                behind[cause][1] += best - accepted
+        cost = sum(costs[d] if d < len(costs) else costs[-1] + 0.1 * (d + 1 - len(costs)) for _, d, _ in steps)
+        causes = " ".join(f"{f'{n} ({t} tok)':>11}" for n, t in behind.values())
+        print(f"{workload:<11} {len(output) - 1:>6} {len(steps):>5} {sum(d for _, d, _ in steps):>6} "
+              f"{sum(a for *_, a in steps):>8} {(len(output) - 1) / cost:>7.2f}x {oracle:>6}  {'':>16} {causes}")  # fmt: skip
+    print(
+        "tokens: after the prefill's; modelled: tokens / the steps' row costs; oracle ahead at: the replay's steps "
+        "where the oracle would have accepted more (how many, the tokens it would have gained)"
+    )
+
+
+def replay_steps(prompt: list[int], output: list[int], config: SpeculativeConfig) -> list[tuple[int, int, int]]:
+    """(output position, drafts, accepted) of each decode step a greedy n-gram run of ``output`` takes."""
+    spec = SpecDecoder(config, max_model_len=len(prompt) + len(output) + 1)
+    seq = Sequence(0, "replay", list(prompt), SamplingParams(temperature=0.0, max_tokens=len(output)), 0.0)
+    seq.append_token(output[0])  # the prefill step's token
+    steps = []
+    while seq.num_output_tokens < len(output):
+        drafts = spec.propose([seq], lambda _: None).get(seq.seq_id, [])
+        upcoming = output[seq.num_output_tokens :]
+        accepted = num_accepted(upcoming, drafts)
+        if drafts:
+            spec.record(seq.seq_id, len(drafts), accepted)
+        steps.append((seq.num_output_tokens, len(drafts), accepted))
+        for token in upcoming[: accepted + 1]:
+            seq.append_token(token)
+    return steps
+
+
+def best_continuation(tokens: list[int], upcoming: list[int], k: int) -> int:
+    """Most of ``upcoming`` (up to ``k``) that the tokens after any earlier occurrence of any suffix of ``tokens`` give."""
+    best = 0
+    for n in range(1, len(tokens)):
+        starts = [s + n for s in range(len(tokens) - n) if tokens[s : s + n] == tokens[-n:]]
+        if not starts:
+            return best
+        for start in starts:
+            best = max(best, num_accepted(upcoming, tokens[start : start + min(k, len(upcoming))]))
+    return best
 
 
 def llama_cpp(target: str, draft: str, args: argparse.Namespace) -> None:

@@ -46,6 +46,18 @@ def test_ngram_proposes_what_followed_the_longest_latest_suffix():
     assert propose_ngram([2, 5, 0x02000000, 0, 2], 1, 1, 1) == [5]
 
 
+def test_ngram_prefers_the_occurrence_at_or_after_the_source():
+    from core.spec_decode.ngram import find_ngram
+
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3]  # [2, 3] at 1..2 (continuation at 3) and 5..6 (at 7)
+    assert find_ngram(tokens, 1, 2) == (2, 7)  # no source: the latest
+    assert find_ngram(tokens, 1, 2, source=3) == (2, 3)
+    assert find_ngram(tokens, 1, 2, source=2) == (2, 3)  # the first at or after the source
+    assert find_ngram(tokens, 1, 2, source=4) == (2, 7)
+    assert find_ngram(tokens, 1, 2, source=8) == (2, 7)  # none at or after it: the latest
+    assert find_ngram([5, 0x02000000, 0, 7, 2, 9, 2], 1, 1, source=2) == (1, 5)  # an unaligned hit is skipped
+
+
 def test_acceptance_rule_and_row_outputs():
     assert num_accepted([5, 6, 7], [5, 6]) == 2
     assert num_accepted([5, 8, 7], [5, 6]) == 1
@@ -194,6 +206,37 @@ def test_ngram_draft_length_follows_acceptance_and_the_match_and_strong_matches_
     spec.record(weak.seq_id, 1, 0)
     assert spec.propose([weak], _no_grammar) == {} and spec.propose([weak], _no_grammar) == {}
     assert spec.propose([weak], _no_grammar) == {weak.seq_id: [9]}
+
+
+def test_a_copy_resumes_at_its_source_after_the_model_changes_a_word():
+    from core.sampling_params import SamplingParams
+    from core.spec_decode import SpecDecoder, decoder
+
+    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 8}
+    spec = SpecDecoder(SpeculativeConfig.from_dict(config), 256)
+    text = list(range(10, 40))
+    seq = Sequence(next(_ids), "r", [*text, 33, 5, 0, 10, 11], SamplingParams(max_tokens=100), 0.0)
+    for _ in range(4):  # the copy: four whole runs, each with the target's next token
+        drafts = spec.propose([seq], _no_grammar)[seq.seq_id]
+        assert len(drafts) == 4
+        spec.record(seq.seq_id, 4, 4)
+        for token in [*drafts, drafts[-1] + 1]:
+            seq.append_token(token)
+    assert seq.token_ids[-1] == 31 and spec.propose([seq], _no_grammar)[seq.seq_id] == [32, 33, 34, 35]
+    spec.record(seq.seq_id, 4, 0)  # the model writes 77 for 32: its source was at text index 22
+    seq.append_token(77)
+    assert spec.propose([seq], _no_grammar) == {}  # [77] occurs nowhere
+    seq.append_token(33)
+    # [33] occurs at text index 23 (then 34) and later (then 5): the copy resumes at the source,
+    # with RESUME_DRAFTS drafts, not the one draft that the run's history alone gives
+    assert decoder.RESUME_DRAFTS == 2
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [34, 35]}
+    spec.record(seq.seq_id, 2, 2)
+    for token in (34, 35, 36):
+        seq.append_token(token)
+    assert spec.propose([seq], _no_grammar) == {seq.seq_id: [37, 38, 39, 33]}  # the match's length again
+    other = Sequence(next(_ids), "o", [1, 2, 1], SamplingParams(max_tokens=100), 0.0)
+    assert spec.propose([seq, other], _no_grammar) == {seq.seq_id: [37, 38, 39, 33], other.seq_id: [2, 1]}
 
 
 def test_a_sequence_that_often_accepts_does_not_back_off_after_a_miss():

@@ -36,6 +36,11 @@ LOG_INTERVAL_S = 10.0
 MAX_BACKOFF_STEPS = 32
 #: an n-gram match of this many tokens or more proposes drafts even while its sequence backs off
 STRONG_MATCH = 3
+#: a match whose continuation starts 1 to this many tokens past the last run's source resumes the copy
+#: (1: the model inserted a token; 2: it changed or dropped one)
+RESUME_WITHIN = 2
+#: drafts a resumed copy proposes after its first miss (at least)
+RESUME_DRAFTS = 2
 #: the recent verified runs of a sequence that its back-off weighs
 RECENT_RUNS = 8
 #: a sequence whose recent runs accepted drafts at least this often does not back off after a miss
@@ -59,7 +64,12 @@ class SpecDecoder:
     the history (a long recurring suffix is text being copied, as vLLM's suffix decoding sizes
     drafts by the match length), not after a miss (repeated structure whose content differs
     would verify k + 1 rows a step for nothing); and a match of :data:`STRONG_MATCH` tokens or
-    more proposes even during a back-off.
+    more proposes even during a back-off. A copy resumes where it left off: of a suffix's
+    occurrences the n-gram lookup takes the first at or after the last run's source (where its
+    drafts came from, past those accepted), not the latest, so after the model changes a word
+    of the text it copies (``mid`` for ``middle``) the drafts continue that text; such a match,
+    1 to :data:`RESUME_WITHIN` tokens past the source right after a sequence's first miss,
+    proposes :data:`RESUME_DRAFTS` drafts at least.
 
     :param config: the checked speculative config.
     :param max_model_len: no draft may reach past it.
@@ -82,6 +92,8 @@ class SpecDecoder:
         self._waits: dict[int, int] = {}  # seq_id -> steps left without drafts
         self._lengths: dict[int, int] = {}  # seq_id -> its n-gram draft length now (else num_speculative_tokens)
         self._recent: dict[int, list[bool]] = {}  # seq_id -> whether each of its recent runs accepted a draft
+        self._starts: dict[int, int] = {}  # seq_id -> where its proposed n-gram drafts came from in its tokens
+        self._sources: dict[int, int] = {}  # seq_id -> where its last run's drafts came from, past those accepted
 
     def propose(self, seqs: Iterable[Seq], matcher: Callable[[Seq], Matcher | None]) -> dict[int, list[int]]:
         """seq_id -> drafts for each of ``seqs`` (decoding sequences) that has some.
@@ -101,15 +113,22 @@ class SpecDecoder:
         # only sequences still decoding keep their state (finished ones leave no entry behind)
         (waits, self._waits), (misses, self._misses) = (self._waits, {}), (self._misses, {})
         (lengths, self._lengths), (recent, self._recent) = (self._lengths, {}), (self._recent, {})
+        (sources, self._sources), self._starts = (self._sources, {}), {}
         for seq in seqs:
-            for kept, now in ((misses, self._misses), (lengths, self._lengths), (recent, self._recent)):
+            kept_state = (
+                (misses, self._misses),
+                (lengths, self._lengths),
+                (recent, self._recent),
+                (sources, self._sources),
+            )
+            for kept, now in kept_state:
                 if seq.seq_id in kept:
                     now[seq.seq_id] = kept[seq.seq_id]
             wait = waits.get(seq.seq_id, 0)
             n, start = 0, -1
             if self.draft is None:  # backing off: only a strong match proposes
                 shortest = c.prompt_lookup_min if wait == 0 else max(c.prompt_lookup_min, STRONG_MATCH)
-                n, start = find_ngram(seq.token_ids, shortest, c.prompt_lookup_max)
+                n, start = find_ngram(seq.token_ids, shortest, c.prompt_lookup_max, self._sources.get(seq.seq_id, -1))
             if wait > 0:
                 self._waits[seq.seq_id] = wait - 1
                 if not n:
@@ -123,14 +142,19 @@ class SpecDecoder:
                     drafts[seq.seq_id] = [PENDING] * min(c.num_speculative_tokens, room)
             elif n and room > 0:
                 length = self._lengths.get(seq.seq_id, c.num_speculative_tokens)
-                if seq.seq_id not in self._misses:  # the last run accepted: the match's length at least
+                missed = self._misses.get(seq.seq_id, 0)
+                source = self._sources.get(seq.seq_id, -1)
+                if not missed:  # the last run accepted: the match's length at least
                     length = max(length, n)
+                elif missed == 1 and source >= 0 and 0 < start - source <= RESUME_WITHIN:
+                    length = max(length, RESUME_DRAFTS)  # the copy resumes past a changed word
                 length = min(length, c.num_speculative_tokens, room)
                 proposal = seq.token_ids[start : start + length]
                 if proposal and grammar is not None:
                     proposal = proposal[: grammar.validate(proposal)]
                 if proposal:
                     drafts[seq.seq_id] = proposal
+                    self._starts[seq.seq_id] = start
         return drafts
 
     def record(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
@@ -145,6 +169,8 @@ class SpecDecoder:
             misses = self._misses[seq_id] = self._misses.get(seq_id, 0) + 1
             if len(recent) < RECENT_RUNS // 2 or sum(recent) < KEEP_SPECULATING * len(recent):
                 self._waits[seq_id] = min(2**misses, MAX_BACKOFF_STEPS)
+        if seq_id in self._starts:
+            self._sources[seq_id] = self._starts.pop(seq_id) + num_accepted
         if self.draft is None:  # the next n-gram draft length: doubled after a whole run, else what held
             k = self.config.num_speculative_tokens
             length = self._lengths.get(seq_id, k)

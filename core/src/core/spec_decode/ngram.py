@@ -7,11 +7,15 @@ from array import array
 _WIDTH = 4  # bytes of one token id in the searched buffer (int32: every vocabulary fits)
 
 
-def find_ngram(token_ids: list[int], min_n: int, max_n: int) -> tuple[int, int]:
+def find_ngram(token_ids: list[int], min_n: int, max_n: int, source: int = -1) -> tuple[int, int]:
     """``(n, start)``: the longest suffix of ``token_ids`` of ``max_n`` down to ``min_n`` tokens
-    that occurred earlier (latest occurrence first, before the suffix itself), and where the
-    tokens after that occurrence start; ``(0, -1)`` when no such suffix recurs.
+    that occurred earlier (before the suffix itself), and where the tokens after that occurrence
+    start; ``(0, -1)`` when no such suffix recurs.
 
+    Of the suffix's occurrences, the one whose continuation starts first at or after ``source``
+    (where the sequence's last drafts came from, past those accepted: after the model changed a
+    word of the text it copies, the copy resumes there, not at the suffix's latest occurrence);
+    the latest occurrence when ``source`` is negative or none lies at or after it.
     The prompt and the generated tokens are one sequence here, so a match may lie in either.
     The search runs on the ids' bytes (``bytes.rfind``, C speed); a hit that is not aligned
     to a token boundary is skipped.
@@ -23,13 +27,21 @@ def find_ngram(token_ids: list[int], min_n: int, max_n: int) -> tuple[int, int]:
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = data[(length - n) * _WIDTH :]
         end = (length - 1) * _WIDTH  # a match must end before the last token: one token follows it
+        found = -1
         while True:
             hit = data.rfind(suffix, 0, end)
             if hit < 0:
                 break
-            if hit % _WIDTH == 0:
-                return n, hit // _WIDTH + n
             end = hit + len(suffix) - 1
+            if hit % _WIDTH:
+                continue
+            start = hit // _WIDTH + n
+            if found < 0 or start >= source:  # latest first, then back towards the source
+                found = start
+            if start <= source or source < 0:
+                break
+        if found >= 0:
+            return n, found
     return 0, -1
 
 
