@@ -8,7 +8,7 @@ back: ``llama-bench -t T -p 128,512 -n 128 -r 3``, then this engine on its defau
 ones) and on int8 activations (``CORE_CPU_QUANT_ACTIVATIONS=1``), each in its own
 subprocess: decode = 128 tokens after ``engine_part.decode_prompt`` (``engine_part.decode_tok_s``,
 bench/'s one batch-1 decode method, the one ``cpu_vs_baselines.py`` uses; against the bandwidth
-floor measured around it, ``engine_part.decode_vs_floor``), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
+floor measured in the same subprocess, ``engine_part.decode_floor``), prefill = 4x128 and 1x512 prompts with one output token, no prefix cache.
 Prints a markdown table with the ratios to llama.cpp's tg128 / pp512 (``--results``: also
 into that file's ``decode-formats`` section, with the command, ISA and load). Not for CI.
 """
@@ -52,9 +52,9 @@ def ours(model: str) -> dict[str, float]:
     import engine_part
     from core.bench.throughput import run_throughput, vocab_of
 
+    load, bandwidths = [os.getloadavg()[0]], [engine_part.copy_bandwidth()]
     llm = engine_part.make_llm(model, "gguf", prefix_caching=False)
-    floor = engine_part.decode_vs_floor(llm, engine_part.decode_prompt(vocab_of(llm)[0]), 128)
-    result = {"decode": floor["decode_tok_s"], "decode_floor": floor}
+    result = {"decode": engine_part.decode_tok_s(llm, engine_part.decode_prompt(vocab_of(llm)[0]), 128)}
     for name, (num, length) in {"pp 4x128": (4, 128), "pp512": (1, 512)}.items():
         best = 0.0
         for seed in range(2):
@@ -62,6 +62,9 @@ def ours(model: str) -> dict[str, float]:
             best = max(best, tp.prompt_tokens / tp.elapsed_s)
         result[name] = best
     result["isa"] = llm.engine.platform.get_extension("kernel_isa")
+    bandwidths.append(engine_part.copy_bandwidth())
+    load.append(os.getloadavg()[0])
+    result["decode_floor"] = engine_part.decode_floor(result["decode"], llm, bandwidths, load)
     return result
 
 

@@ -103,37 +103,35 @@ def streamed_bytes(llm: Any) -> int:
     return llm.engine.loaded.weights_bytes - (emb.numel() * emb.element_size() if apart else 0)
 
 
-def decode_vs_floor(llm: Any, prompt: list[int], n_gen: int) -> dict[str, Any]:
-    """:func:`decode_tok_s` against the bandwidth floor measured around it, in this process.
-
-    The floor is ``copy bandwidth / streamed_bytes(llm)`` (a decode step that only streamed its
-    weights once, at the speed of a large copy on the engine's threads); the bandwidth is
-    measured (``floors.memory_bandwidth``) right before and right after the decode, and the
-    higher of the two is used, so a machine whose speed drifts over minutes is compared with
-    itself, not with a figure taken in another part of the run. Torch's thread count is put
-    back after each copy. Returns ``decode_tok_s``, ``bandwidth_gb_s`` (before, after),
-    ``floor_tok_s``, ``floor_ratio``, ``load_1min`` (before, after) and ``memory_pages``.
-    """
+def copy_bandwidth() -> float:
+    """Bytes/s of a large copy on this process's compute threads (``floors.memory_bandwidth`` on
+    ``OMP_NUM_THREADS`` threads, else on every CPU the process may use); torch's thread count put
+    back after it."""
     import floors
     import torch
 
-    threads = len(llm.engine.platform.compute_cpus or ()) or os.cpu_count() or 1
+    threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    engine_threads = torch.get_num_threads()
+    try:
+        return floors.memory_bandwidth(threads)
+    finally:
+        torch.set_num_threads(engine_threads)
 
-    def bandwidth() -> float:
-        engine_threads = torch.get_num_threads()
-        try:
-            return floors.memory_bandwidth(threads)
-        finally:
-            torch.set_num_threads(engine_threads)
 
-    load, before = [os.getloadavg()[0]], bandwidth()
-    rate = decode_tok_s(llm, prompt, n_gen)
-    after = bandwidth()
-    load.append(os.getloadavg()[0])
-    floor = max(before, after) / streamed_bytes(llm)
+def decode_floor(rate: float, llm: Any, bandwidths: list[float], load: list[float]) -> dict[str, Any]:
+    """A batch-1 decode ``rate`` of ``llm`` against its bandwidth floor, ``max(bandwidths) /
+    streamed_bytes(llm)``: a step that only streamed its weights once at the speed of a large copy.
+
+    Take ``bandwidths`` with :func:`copy_bandwidth` in the same process, once before the engine is
+    built and once after its figures (not right before the decode: in one process under load, a
+    decode right after a copy ran 0.94x one without, 6 of 6 rounds), so a machine whose speed
+    drifts over minutes is compared with itself. ``load``: the 1-minute load average at the same
+    two moments, recorded beside the figures.
+    """
+    floor = max(bandwidths) / streamed_bytes(llm)
     return {
-        "decode_tok_s": rate, "bandwidth_gb_s": [before / 1e9, after / 1e9], "floor_tok_s": floor,
-        "floor_ratio": rate / floor, "load_1min": load, "memory_pages": memory_pages(),
+        "bandwidth_gb_s": [b / 1e9 for b in bandwidths], "floor_tok_s": floor, "floor_ratio": rate / floor,
+        "load_1min": load, "memory_pages": memory_pages(),
     }  # fmt: skip
 
 
@@ -164,19 +162,15 @@ def measure(
     prefill_len: int,
     dtype: str = "float32",
 ) -> dict:
-    """Batch-1 decode against its floor (:func:`decode_vs_floor`), ``num_seqs`` x (``prompt_len`` +
+    """Batch-1 decode against its floor (:func:`decode_floor`), ``num_seqs`` x (``prompt_len`` +
     ``n_gen``) throughput and one ``prefill_len``-token prompt's prefill of one configuration
     (computing in ``dtype``)."""
     from core.bench.stats import random_prompts
     from core.bench.throughput import run_throughput, vocab_of
 
+    load, bandwidths = [os.getloadavg()[0]], [copy_bandwidth()]
     llm = make_llm(model, quantization, prefix_caching=False, dtype=dtype)
-    floor = decode_vs_floor(llm, prompt, n_gen)
-    result: dict[str, Any] = {
-        "quantization": quantization,
-        "decode_tok_s": floor["decode_tok_s"],
-        "decode_floor": floor,
-    }
+    result: dict[str, Any] = {"quantization": quantization, "decode_tok_s": decode_tok_s(llm, prompt, n_gen)}
     result["platform"] = llm.engine.platform.name
     result["weights_bytes"] = llm.engine.loaded.weights_bytes
     result["streamed_bytes"] = streamed_bytes(llm)
@@ -185,4 +179,7 @@ def measure(
     result["output_tok_s"] = tp.output_tok_s
     vocab, special = vocab_of(llm)
     result["prefill_tok_s"] = prefill_tok_s(llm, random_prompts(1, prefill_len, vocab, seed, exclude=special)[0])
+    bandwidths.append(copy_bandwidth())
+    load.append(os.getloadavg()[0])
+    result["decode_floor"] = decode_floor(result["decode_tok_s"], llm, bandwidths, load)
     return result

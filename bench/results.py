@@ -72,7 +72,7 @@ def compare_rows(d: dict) -> list[list[str]]:
         if not key.startswith("engine:") or "error" in res:
             continue
         weights = res.get("streamed_bytes", res.get("weights_bytes"))
-        # the floor measured around the decode in its own part (engine_part.decode_vs_floor), else
+        # the floor measured in the decode's own part (engine_part.decode_floor), else
         # the floors part's bandwidth (a run from before that was recorded)
         floor = _get(res, "decode_floor", "floor_tok_s") or (
             bandwidth * 1e9 / weights if bandwidth and weights else None
@@ -130,7 +130,7 @@ def extra_rows(d: dict) -> list[list[str]]:
                 fl = res["decode_floor"]
                 rows.append(
                     [
-                        f"{key} batch-1 decode floor: copy bandwidth right before / after the decode, load",
+                        f"{key} batch-1 decode floor: copy bandwidth before / after the part, load",
                         f"{fl['bandwidth_gb_s'][0]:.1f} / {fl['bandwidth_gb_s'][1]:.1f} GB/s, floor "
                         f"{fl['floor_tok_s']:.1f} tok/s, load {fl['load_1min'][0]:.1f} / {fl['load_1min'][1]:.1f}",
                     ]
