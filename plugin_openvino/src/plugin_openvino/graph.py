@@ -6,6 +6,9 @@ OpenVINO's PagedAttention metadata (``past_lens``, ``subsequence_begins``,
 value cache per layer (``key_cache.{i}``, ``value_cache.{i}``); its output is the final
 normed hidden state of each token, in the compute dtype (float32 or bfloat16). Each layer's attention is OpenVINO's
 ``PagedAttentionExtension``, which writes the new keys and values into the caches itself.
+Built with the LM head, it takes ``logit_rows`` too (the rows core samples, chosen each step)
+and outputs their float32 ``logits`` as well: the LM head's product on those rows alone, in the
+same infer as the layers.
 """
 
 from __future__ import annotations
@@ -54,8 +57,12 @@ class GraphBuilder:
         self.kv_type = kv_type
         self.keep: list[torch.Tensor] = []
 
-    def build(self) -> Any:
-        """The ``ov.Model``."""
+    def build(self, lm_head: Any = None) -> Any:
+        """The ``ov.Model``; with ``lm_head`` (the LM head's ``[vocab, hidden]`` weight, a tensor or
+        a :class:`plugins.kernels.GGUFWeight`) also the ``logit_rows`` input and the ``logits`` output.
+
+        :raises NotBuildable: for a weight form the graph does not take.
+        """
         import openvino as ov
         import openvino.opset13 as ops
 
@@ -79,13 +86,18 @@ class GraphBuilder:
             caches += [k_cache, v_cache]
             hidden = self._layer(layer, hidden, rope, k_cache, v_cache, params)
         out = self._rms_norm(hidden, desc.final_norm)
+        results = []
+        if lm_head is not None:
+            params["logit_rows"] = ops.parameter([-1], ov.Type.i32, name="logit_rows")
+            logits = self.linear_product(ops.gather(out, params["logit_rows"], 0), lm_head)
+            results.append(ops.result(logits, name="logits"))
         if desc.dtype == torch.bfloat16:
             # OpenVINO's CPU plugin keeps in float32 every node from a float32 output up to the
             # products before it: here the whole residual stream (openvino-genai's ends in the
             # LM head's product); an output in bfloat16 lets it run in bfloat16, as torch's does
             out = ops.convert(out, ov.Type.bf16)
-        result = ops.result(out, name="hidden")
-        return ov.Model([result], list(params.values()) + caches, "core_decoder")
+        results.insert(0, ops.result(out, name="hidden"))
+        return ov.Model(results, list(params.values()) + caches, "core_decoder")
 
     def _f32(self, node: Any) -> Any:
         import openvino as ov
