@@ -1,8 +1,10 @@
 """openvino-genai's own pipeline on the default GGUF: run by ``bench/openvino_vs_genai.py`` in its venv.
 
-``python openvino_genai_worker.py SPEC.json MODEL.gguf``: ``LLMPipeline`` reads the GGUF itself
-(its GGUF reader: Q4_1 blocks included) with its own defaults for the CPU (scheduler, block
-manager, precisions) on ``threads`` threads, prefix caching off. Prints ``RESULT {json}``: batch-1 decode, num_seqs x (prompt_len +
+``python openvino_genai_worker.py SPEC.json MODEL.gguf [PRECISION]``: ``LLMPipeline`` reads the GGUF
+itself (its GGUF reader: Q4_1 blocks included) with its own defaults for the CPU (scheduler, block
+manager, precisions) on ``threads`` threads, prefix caching off; ``PRECISION`` (``f32``, ``bf16``)
+sets its ``INFERENCE_PRECISION_HINT`` instead of the CPU's default (bf16 where the CPU has
+AVX512_BF16). The result names the precision it ran at. Prints ``RESULT {json}``: batch-1 decode, num_seqs x (prompt_len +
 n_gen) throughput and one prompt's prefill, on the token ids it is given (no tokenizer in the loop).
 Imports nothing of the project: its venv has openvino-genai, not core.
 """
@@ -26,15 +28,18 @@ def generate(pipe, prompts, n_new):
     return time.perf_counter() - start, result
 
 
-def main(spec, model):
+def main(spec, model, precision=None):
     scheduler = ov_genai.SchedulerConfig()
     scheduler.cache_size = spec["kv_cache_gib"]
     scheduler.enable_prefix_caching = False
     scheduler.max_num_batched_tokens = 2048
     props = {"INFERENCE_NUM_THREADS": spec["threads"], "NUM_STREAMS": 1}
+    if precision is not None:
+        props["INFERENCE_PRECISION_HINT"] = precision
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     start = time.perf_counter()
     pipe = ov_genai.LLMPipeline(model, "CPU", scheduler_config=scheduler, **props)
-    out = {"load_s": time.perf_counter() - start, "version": ov_genai.__version__}
+    out = {"load_s": time.perf_counter() - start, "version": ov_genai.__version__, "precision": precision or default}
     generate(pipe, [spec["prompt"]], 2)  # warm-up
     decode = []
     for _ in range(2):
@@ -53,4 +58,4 @@ def main(spec, model):
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        main(json.load(f), sys.argv[2])
+        main(json.load(f), *sys.argv[2:4])

@@ -14,10 +14,13 @@ activations run), ``openvino-genai-settings-f16zp`` (the same with Q4_1's f16 ze
 those products on float activations), ``openvino-genai-model`` (those, and Q4_1 zero points
 rounded to 4-bit integers as openvino-genai's GGUF reader does: the model openvino-genai runs,
 not the file's exact one),
-``cpu_x86`` (float32) and ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults, reading the
-default GGUF itself, installed (the version matching the installed openvino) in its own venv under
-the bench cache (``~/.cache/core-bench/openvino-genai``, made on first use). Prints a table of
-medians and the per-round ratios; ``--json`` saves every round; ``--configs`` runs a subset;
+``cpu_x86`` (float32), ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults (bf16
+compute where the CPU has AVX512_BF16), reading the default GGUF itself, installed (the version
+matching the installed openvino) in its own venv under the bench cache
+(``~/.cache/core-bench/openvino-genai``, made on first use), and ``openvino-genai-f32``: the same at
+``INFERENCE_PRECISION_HINT`` f32, the precision of plugin_openvino's exact default. Prints a table of
+medians and the per-round ratios (each plugin_openvino configuration against both openvino-genai
+runs: the row at its own precision is marked "same precision"); ``--json`` saves every round; ``--configs`` runs a subset;
 ``--phases`` adds where a plugin_openvino batch-1 decode step's time goes (:func:`decode_phases`).
 Not for CI.
 """
@@ -70,7 +73,9 @@ CORE_CONFIGS = {
     ),
     "cpu_x86": ("cpu_x86", "float32", {}),
 }
-CONFIGS = (*CORE_CONFIGS, "openvino-genai")
+#: openvino-genai's configurations -> the INFERENCE_PRECISION_HINT it is given (None: the CPU's default)
+GENAI_CONFIGS = {"openvino-genai": None, "openvino-genai-f32": "f32"}
+CONFIGS = (*CORE_CONFIGS, *GENAI_CONFIGS)
 METRICS = ("decode_tok_s", "output_tok_s", "prefill_tok_s")
 
 
@@ -125,10 +130,11 @@ class _TimedRequest:
 
 def decode_phases(llm: Any, prompt: list[int], n_gen: int) -> dict:
     """Milliseconds of a batch-1 decode step (mean over ``n_gen`` steps; prefill excluded) by phase,
-    plugin_openvino's runner instrumented: ``main_infer`` (the decoder's compiled model),
-    ``runner_io`` (the rest of ``forward``: the step's inputs into OpenVINO, its hidden states
-    out), ``lm_head_infer`` (the LM head's compiled model), ``logits_io`` (the rest of
-    ``compute_logits``) and ``core_python`` (the rest of ``engine.step``: scheduler, sampler,
+    plugin_openvino's runner instrumented: ``main_infer`` (the decoder's compiled model, the LM
+    head's product on the sampled rows included), ``runner_io`` (the rest of ``forward``: the
+    step's inputs into OpenVINO, its hidden states and logits out), ``lm_head_infer`` (the LM
+    head's own compiled model: rows the main infer did not compute, none in a plain decode),
+    ``logits_io`` (the rest of ``compute_logits``) and ``core_python`` (the rest of ``engine.step``: scheduler, sampler,
     detokenizer, outputs)."""
     from core import SamplingParams
 
@@ -180,7 +186,11 @@ def core_part(spec: dict, config: str) -> dict:
     start = time.perf_counter()
     llm = LLM(device=device, dtype=dtype, enable_prefix_caching=False, max_num_batched_tokens=2048,
               kv_cache_bytes=spec["kv_cache_gib"] << 30)  # fmt: skip
-    out = {"load_s": time.perf_counter() - start, "platform": llm.engine.platform.name}
+    out = {
+        "load_s": time.perf_counter() - start,
+        "platform": llm.engine.platform.name,
+        "precision": {"float32": "f32", "bfloat16": "bf16"}[dtype],
+    }
     out["decode_tok_s"] = engine_part.decode_tok_s(llm, spec["prompt"], spec["n_gen"])
     params = SamplingParams(temperature=0.0, max_tokens=spec["n_gen"], ignore_eos=True)
     start = time.perf_counter()
@@ -196,8 +206,10 @@ def core_part(spec: dict, config: str) -> dict:
 def run_config(config: str, spec_path: str, threads: int, genai_python: Path | None, model: str) -> dict:
     """One configuration in a fresh process on CPUs ``0..threads-1``; its RESULT."""
     pin = ["taskset", "-c", f"0-{threads - 1}"]
-    if config == "openvino-genai":
+    if config in GENAI_CONFIGS:
+        precision = GENAI_CONFIGS[config]
         cmd = [*pin, str(genai_python), str(HERE / "openvino_genai_worker.py"), spec_path, model]
+        cmd += [] if precision is None else [precision]
         env = os.environ
     else:
         cmd = [*pin, sys.executable, str(Path(__file__).resolve()), "--part", config, "--spec", spec_path]
@@ -215,7 +227,8 @@ def load_average() -> str:
 
 def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...]) -> str:
     """A markdown table: each configuration's median figures, then the median per-round ratio of
-    each plugin_openvino configuration to openvino-genai and to cpu_x86."""
+    each plugin_openvino configuration to each openvino-genai configuration (marked "same
+    precision" where both computed at the same ``INFERENCE_PRECISION_HINT``) and to cpu_x86."""
     workload = f"{args.num_seqs}x({args.prompt_len}+{args.n_gen})"
     lines = [
         f"| configuration | batch-1 decode tok/s | {workload} output tok/s | {args.prefill_len}-token prefill tok/s |",
@@ -223,11 +236,13 @@ def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...
     ]
     for config in configs:
         cells = [f"{statistics.median(r[config][m] for r in rounds):.1f}" for m in METRICS]
-        lines.append(f"| {config} | {' | '.join(cells)} |")
+        lines.append(f"| {config} ({rounds[0][config]['precision']}) | {' | '.join(cells)} |")
     for ours in [c for c in configs if c in CORE_CONFIGS and c.startswith("openvino")]:
-        for other in [c for c in ("openvino-genai", "cpu_x86") if c in configs]:
+        for other in [c for c in (*GENAI_CONFIGS, "cpu_x86") if c in configs]:
             cells = [f"{statistics.median(r[ours][m] / r[other][m] for r in rounds):.2f}x" for m in METRICS]
-            lines.append(f"| {ours} / {other} (median of per-round ratios) | {' | '.join(cells)} |")
+            same = other in GENAI_CONFIGS and rounds[0][ours]["precision"] == rounds[0][other]["precision"]
+            label = f"{ours} / {other} ({'same precision, ' if same else ''}median of per-round ratios)"
+            lines.append(f"| {label} | {' | '.join(cells)} |")
     phased = [c for c in configs if all("phases_ms" in r[c] for r in rounds)]
     if phased:
         lines += ["", "| batch-1 decode step, ms (medians) | " + " | ".join(PHASES) + " |",
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from core.loader.source import default_model_path
 
-    genai_python = ensure_genai() if "openvino-genai" in configs else None
+    genai_python = ensure_genai() if any(c in GENAI_CONFIGS for c in configs) else None
     rounds = []
     with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
         json.dump(workload(args), spec)
