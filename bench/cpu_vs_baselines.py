@@ -105,7 +105,7 @@ def part_engine(a: argparse.Namespace) -> dict:
     vocab = json.loads(a.context)["vocab"]
     prompt = _decode_prompt(vocab, a.seed)
     return engine_part.measure(
-        a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.seed, a.prefill_len,
+        a.model, q, prompt, a.decode_tokens, a.num_seqs, a.prompt_len, a.gen_len, a.seed, a.prefill_len,
         dtype="bfloat16" if a.quantization.endswith(BF16) else "float32",
     )  # fmt: skip
 

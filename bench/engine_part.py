@@ -158,12 +158,13 @@ def measure(
     n_gen: int,
     num_seqs: int,
     prompt_len: int,
+    gen_len: int,
     seed: int,
     prefill_len: int,
     dtype: str = "float32",
 ) -> dict:
-    """Batch-1 decode against its floor (:func:`decode_floor`), ``num_seqs`` x (``prompt_len`` +
-    ``n_gen``) throughput and one ``prefill_len``-token prompt's prefill of one configuration
+    """Batch-1 decode of ``n_gen`` tokens against its floor (:func:`decode_floor`), ``num_seqs`` x
+    (``prompt_len`` + ``gen_len``) throughput and one ``prefill_len``-token prompt's prefill of one configuration
     (computing in ``dtype``)."""
     from core.bench.stats import random_prompts
     from core.bench.throughput import run_throughput, vocab_of
@@ -174,7 +175,7 @@ def measure(
     result["platform"] = llm.engine.platform.name
     result["weights_bytes"] = llm.engine.loaded.weights_bytes
     result["streamed_bytes"] = streamed_bytes(llm)
-    tp = run_throughput(llm, num_seqs, prompt_len, n_gen, seed)
+    tp = run_throughput(llm, num_seqs, prompt_len, gen_len, seed)
     result["throughput"] = tp.as_dict()
     result["output_tok_s"] = tp.output_tok_s
     vocab, special = vocab_of(llm)
