@@ -141,13 +141,18 @@ class Pool {
     }
   }
 
-  std::mutex busy_;
-  std::atomic<uint32_t> gen_{0};
-  std::atomic<uint64_t> next_{0};  // (job generation << 32) | next chunk
-  std::atomic<long> done_{0}, n_{0};
+  // Three cache lines, each written by whom it says: the job (the caller, once a job; idle
+  // workers spin reading gen_, and every claim reads n_, fn_, ctx_), the claim counter (every
+  // thread's compare-exchange), the workers' done count (polled by the caller). Sharing one line,
+  // a claim or a worker's count pulled the line from the threads spinning on it and back.
+  alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<int> active_{0}, sleepers_{0};
+  std::atomic<long> n_{0};
   std::atomic<ck_task> fn_{nullptr};
   std::atomic<void *> ctx_{nullptr};
+  alignas(64) std::atomic<uint64_t> next_{0};  // (job generation << 32) | next chunk
+  alignas(64) std::atomic<long> done_{0};
+  alignas(64) std::mutex busy_;
   std::vector<pthread_t> threads_;
   std::vector<int> cpus_;
 };
