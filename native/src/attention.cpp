@@ -155,6 +155,111 @@ static inline void tile_scores(const float (*qf)[kMaxHead], const R *const *krow
   }
 }
 
+#if defined(__AVX512BF16__)
+// p[g][j] = scale * q_g . k_j for heads g < G and keys j < n, the bfloat16 q rows qh[g] and K rows
+// taken 32 elements at a time by vdpbf16ps (two products a lane, float32 sums): K is not widened
+// to float32, and a pass of keys takes half the instructions of tile_scores (d a multiple of 32)
+template <int G>
+static inline void tile_scores_bf16(const bf16_t *const *qh, const bf16_t *const *krow, long n, long d, float scale,
+                                    float (*p)[kChunk]) {
+  constexpr int keys = key_tile(G), count = keys * G, padded = (count + kVW - 1) / kVW * kVW;
+  long j = 0;
+  for (; j + keys <= n; j += keys) {
+    vw acc[padded];  // [g * keys + key]
+    for (int a = 0; a < padded; ++a) acc[a] = vw_zero();
+    for (long i = 0; i < d; i += 32) {
+      __m512bh qv[G];
+      for (int g = 0; g < G; ++g) qv[g] = (__m512bh)_mm512_loadu_si512(qh[g] + i);
+      for (int kk = 0; kk < keys; ++kk) {
+        const __m512bh kv = (__m512bh)_mm512_loadu_si512(krow[j + kk] + i);
+        for (int g = 0; g < G; ++g) acc[g * keys + kk] = _mm512_dpbf16_ps(acc[g * keys + kk], qv[g], kv);
+      }
+    }
+    alignas(64) float sums[padded];
+    for (int a = 0; a < padded; a += kVW) vw_hsum(acc + a, sums + a);
+    for (int g = 0; g < G; ++g)
+      for (int kk = 0; kk < keys; ++kk) p[g][j + kk] = scale * sums[g * keys + kk];
+  }
+  for (; j < n; ++j) {  // the last keys, one at a time
+    vw acc[kVW];
+    for (int g = 0; g < kVW; ++g) acc[g] = vw_zero();
+    for (long i = 0; i < d; i += 32) {
+      const __m512bh kv = (__m512bh)_mm512_loadu_si512(krow[j] + i);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbf16_ps(acc[g], (__m512bh)_mm512_loadu_si512(qh[g] + i), kv);
+    }
+    float sums[kVW];
+    vw_hsum(acc, sums);
+    for (int g = 0; g < G; ++g) p[g][j] = scale * sums[g];
+  }
+}
+
+// acc[g] += sum over keys j < n of p[g][j] v_j for heads g < G, the bfloat16 V rows taken two keys
+// at a time by vdpbf16ps: the probabilities rounded to bfloat16 pairs (p_j, p_j+1) (as prompt
+// attention's bfloat16 P), the two rows' columns interleaved into pairs by one permute a 16
+// columns (an odd last key paired with probability 0); d a multiple of 64
+template <int G>
+static inline void tile_values_bf16(const float (*p)[kChunk], const bf16_t *const *vrow, long n, long d,
+                                    float (*acc)[kMaxHead]) {
+  alignas(64) uint32_t pairs[G][kChunk / 2];
+  for (int g = 0; g < G; ++g) {
+    const __mmask16 m0 = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    const __mmask16 m1 = n >= kChunk ? (__mmask16)0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    _mm512_store_si512(pairs[g], (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, &p[g][16]),
+                                                              _mm512_maskz_loadu_ps(m0, &p[g][0])));
+  }
+  // lane i of a pair vector: column i of the first row, then of the second
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (long c = 0; c < d; c += 64) {
+    vw a[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int cv = 0; cv < 4; ++cv) a[g][cv] = vw_load(&acc[g][c + kVW * cv]);
+    for (long j = 0; j < n; j += 2) {
+      const bf16_t *v0 = vrow[j] + c, *v1 = (j + 1 < n ? vrow[j + 1] : vrow[j]) + c;
+      const __m512i x0 = _mm512_loadu_si512(v0), y0 = _mm512_loadu_si512(v1);
+      const __m512i x1 = _mm512_loadu_si512(v0 + 32), y1 = _mm512_loadu_si512(v1 + 32);
+      const __m512bh b[4] = {(__m512bh)_mm512_permutex2var_epi16(x0, lo, y0),
+                             (__m512bh)_mm512_permutex2var_epi16(x0, hi, y0),
+                             (__m512bh)_mm512_permutex2var_epi16(x1, lo, y1),
+                             (__m512bh)_mm512_permutex2var_epi16(x1, hi, y1)};
+      for (int g = 0; g < G; ++g) {
+        const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pairs[g][j / 2]);
+        for (int cv = 0; cv < 4; ++cv) a[g][cv] = _mm512_dpbf16_ps(a[g][cv], pv, b[cv]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int cv = 0; cv < 4; ++cv) vw_store(&acc[g][c + kVW * cv], a[g][cv]);
+  }
+}
+
+// tile_values_bf16 for the group's heads, kHeadTile at a time
+static inline void group_values_bf16(long group, const float (*p)[kChunk], const bf16_t *const *vrow, long n, long d,
+                                     float (*acc)[kMaxHead]) {
+  for (long g0 = 0; g0 < group; g0 += kHeadTile) {
+    switch (group - g0 < kHeadTile ? group - g0 : kHeadTile) {
+      case 1: tile_values_bf16<1>(p + g0, vrow, n, d, acc + g0); break;
+      case 2: tile_values_bf16<2>(p + g0, vrow, n, d, acc + g0); break;
+      case 3: tile_values_bf16<3>(p + g0, vrow, n, d, acc + g0); break;
+      default: tile_values_bf16<kHeadTile>(p + g0, vrow, n, d, acc + g0); break;
+    }
+  }
+}
+
+// tile_scores_bf16 for the group's heads, kHeadTile at a time
+static inline void group_scores_bf16(long group, const bf16_t *const *qh, const bf16_t *const *krow, long n, long d,
+                                     float scale, float (*p)[kChunk]) {
+  for (long g0 = 0; g0 < group; g0 += kHeadTile) {
+    switch (group - g0 < kHeadTile ? group - g0 : kHeadTile) {
+      case 1: tile_scores_bf16<1>(qh + g0, krow, n, d, scale, p + g0); break;
+      case 2: tile_scores_bf16<2>(qh + g0, krow, n, d, scale, p + g0); break;
+      case 3: tile_scores_bf16<3>(qh + g0, krow, n, d, scale, p + g0); break;
+      default: tile_scores_bf16<kHeadTile>(qh + g0, krow, n, d, scale, p + g0); break;
+    }
+  }
+}
+#endif
+
 // acc[g] += sum over keys j < n of p[g][j] v_j, for heads g < G (d a multiple of kVW * CV)
 template <int G, int CV, typename R>
 static inline void tile_values(const float (*p)[kChunk], const R *const *vrow, long n, long d,
@@ -261,6 +366,13 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
   // no memory for the tile list: token by token (tiles of 1, made in place below)
   const long num_tiles = tiles ? query_tiles(starts, num_seqs, tokens, per_tile, done, tiles) : tokens;
   const bool vec = kVecAttention && d % kLanes == 0;
+  // bfloat16 queries on a bfloat16 cache, AVX512_BF16 builds: scores by vdpbf16ps (group_scores_bf16)
+#if defined(__AVX512BF16__)
+  const bool scores_bf16 = std::is_same<T, bf16_t>::value && std::is_same<R, bf16_t>::value && d % 32 == 0;
+#else
+  const bool scores_bf16 = false;
+#endif
+  const bool values_bf16 = scores_bf16 && d % 64 == 0;  // and values (group_values_bf16)
   // with tiles enough to share out, a tile's kv heads on one thread: they read the same
   // cache lines' neighbours (a slot's kv heads lie side by side), which the core's
   // prefetcher then brings in once
@@ -305,10 +417,11 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
       float qf[kMaxGroup][kMaxHead], acc[kMaxGroup][kMaxHead];
       float m[kMaxGroup], l[kMaxGroup], p[kMaxGroup][kChunk];
       float kbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead], vbuf[sizeof(C) == 1 ? kChunk : 1][kMaxHead];
+      const T *qh[kMaxGroup];  // each virtual head's query row
       for (long h = 0; h < heads; ++h) {
-        const T *qh = q + (tile.first + h / group) * q_stride + (kvh * group + h % group) * d;
+        qh[h] = q + (tile.first + h / group) * q_stride + (kvh * group + h % group) * d;
         for (long i = 0; i < d; ++i) {
-          qf[h][i] = to_f32(qh[i]) * scale;
+          qf[h][i] = to_f32(qh[h][i]) * scale;
           acc[h][i] = 0.0f;
         }
         m[h] = -3.0e38f;
@@ -331,10 +444,14 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
             prefetch_rows(kc, vc, next.table, next.first_key, imin_(kChunk, next.n_keys - next.first_key), block_size, hk,
                           next.kvh, d);
         }
-#if defined(CK_V8)
-        if (vec) group_scores<R>(heads, qf, krow, n, d, p);
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same<T, bf16_t>::value && std::is_same<R, bf16_t>::value)
+          if (scores_bf16) group_scores_bf16(heads, qh, krow, n, d, scale, p);
 #endif
-        for (long h = 0; h < heads && !vec; ++h)
+#if defined(CK_V8)
+        if (vec && !scores_bf16) group_scores<R>(heads, qf, krow, n, d, p);
+#endif
+        for (long h = 0; h < heads && !vec && !scores_bf16; ++h)
           for (long j = 0; j < n; ++j) {
             float dot = 0.0f;
   #pragma omp simd reduction(+ : dot)
@@ -362,6 +479,13 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
             for (long i = 0; i < d; ++i) acc[h][i] *= corr;
           }
         }
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same<T, bf16_t>::value && std::is_same<R, bf16_t>::value)
+          if (values_bf16) {
+            group_values_bf16(heads, p, vrow, n, d, acc);
+            continue;
+          }
+#endif
 #if defined(CK_V8)
         if (vec) {
           if (d % (kVW * kColVecs) == 0)

@@ -868,6 +868,8 @@ int main(int argc, char **argv) {
     test_half_rounding(s);
     for (long d : {64L, 40L}) test_attention(s, d, F32);
     test_attention(s, 64, BF16);
+    // bfloat16 decode on the vdpbf16ps scores and values (d = 128), scores only (d = 96: values need 64 | d)
+    for (long d : {96L, 128L}) test_attention(s, d, BF16);
     for (int cache : {FP8_E4M3, FP8_E5M2})
       for (float fp8_scale : {0.05f, 40.0f}) test_attention(s, 64, F32, cache, 0, fp8_scale);
     for (long d : {64L, 40L})
