@@ -177,6 +177,18 @@ static inline float gelu(float x, int act) {
   return 0.5f * x * (2.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f));
 }
 
+// Blocks of `block` activation rows (x's share of the core's cache: kXBlockBytes) over rows, a last
+// block of fewer than kOpX rows joining the one before it: each block reads every weight panel, so a
+// 2-row remainder (32 rows of k = 1536: 30 + 2) cost as much as a 6-row tile's pass
+static inline long row_blocks(long rows, long block) {
+  return rows > block && rows % block < kOpX ? rows / block : (rows + block - 1) / block;
+}
+
+// the end of block b's rows (row_blocks' last block takes the rest)
+static inline long block_end(long b, long blocks, long block, long rows) {
+  return b + 1 == blocks ? rows : (b + 1) * block;
+}
+
 template <typename T>
 static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, long xs, long rows, T *out,
                              const void *bias, int bias_dt, int act, int nt) {
@@ -203,7 +215,7 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
   // items (row block, group, column part): whole groups, or halves of kOpW / 2 columns where whole
   // groups leave 2+ threads fewer than 8 items each (the 32-row decode steps: 9 groups of the 576
   // output columns would split 5 / 4 on 2 threads)
-  const long blocks = (rows + block - 1) / block, parts = nt > 1 && blocks * groups < 8L * nt ? 2 : 1,
+  const long blocks = row_blocks(rows, block), parts = nt > 1 && blocks * groups < 8L * nt ? 2 : 1,
              items = blocks * groups * parts, cols = kOpW / parts;
   // runs of consecutive items a claim (~16 a thread): on whole groups, a group's first kOpC tiles
   // prefetch the next group of its run, a quarter each
@@ -212,7 +224,7 @@ static int bf16_linear_typed(const uint32_t *wp, long n, long k, const T *x, lon
     alignas(64) float tile[kOpX * kOpW];
     for (long item = lo; item < hi; ++item) {
       const long g = item / parts % groups, b = item / parts / groups, j = g * kOpW + item % parts * cols;
-      const long rw = n - j < cols ? n - j : cols, r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      const long rw = n - j < cols ? n - j : cols, r1 = block_end(b, blocks, block, rows);
       if (rw <= 0) continue;  // the second half of a last group of kOpW / 2 columns or fewer
       const uint32_t *w = wp + g * kp * kOpW + (j - g * kOpW);
       const uint32_t *next = parts == 1 && item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
@@ -275,12 +287,12 @@ static int bf16_silu_mul(const uint32_t *wp, long inter, long k, const bf16_t *x
   const long kp = k / 2, groups = inter / kOpW;
   long block = kXBlockBytes / (k * (long)sizeof(bf16_t)) / kOpX * kOpX;
   block = block < kOpX ? kOpX : block;
-  const long blocks = (rows + block - 1) / block, items = blocks * groups;
+  const long blocks = row_blocks(rows, block), items = blocks * groups;
   const long per_claim = items / (16L * (nt > 1 ? nt : 1)), run = per_claim > 1 ? per_claim : 1;
   parallel_for(items, run, nt, rows * 2 * inter * k >= (1L << 18), [&](long lo, long hi) {
     alignas(64) float gate[kOpX * kOpW], up[kOpX * kOpW];
     for (long item = lo; item < hi; ++item) {
-      const long g = item % groups, b = item / groups, r1 = (b + 1) * block < rows ? (b + 1) * block : rows;
+      const long g = item % groups, b = item / groups, r1 = block_end(b, blocks, block, rows);
       const uint32_t *wg = wp + g * kp * kOpW, *wu = wp + (groups + g) * kp * kOpW;
       const uint32_t *next_g = item + 1 < hi ? wp + (item + 1) % groups * kp * kOpW : NULL;
       const uint32_t *next_u = next_g ? next_g + groups * kp * kOpW : NULL;
