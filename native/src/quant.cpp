@@ -80,7 +80,7 @@ static inline bool act16_on_panel(int qt, long rows, int dtype) {
 static const long kXBlock = 64;  // activation rows a thread runs its weight groups over at a time
 // bytes ahead of a group's blocks to prefetch: the hardware prefetcher alone left a
 // batch-1 product well below the rate the memory gives one thread
-static const long kPrefetchAhead = 2048;
+static const long kPrefetchAhead = 4096;
 // activation rows from which the 512-bit path takes two weight groups at a time (take_pairs)
 static const long kPairMinRows = 3;
 // int8 activation rows up to which a product streams its weights (one activation row: 1 int8 row
