@@ -4,7 +4,8 @@
 itself (its GGUF reader: Q4_1 blocks included) with its own defaults for the CPU (scheduler, block
 manager, precisions) on ``threads`` threads, prefix caching off; ``PRECISION`` (``f32``, ``bf16``)
 sets its ``INFERENCE_PRECISION_HINT`` instead of the CPU's default (bf16 where the CPU has
-AVX512_BF16). The result names the precision it ran at. Prints ``RESULT {json}``: batch-1 decode, num_seqs x (prompt_len +
+AVX512_BF16). The result names the precision it ran at, and the KV cache precision and the
+int8-activation group size it keeps at any precision (the CPU's defaults: u8, 32). Prints ``RESULT {json}``: batch-1 decode, num_seqs x (prompt_len +
 n_gen) throughput and one prompt's prefill, on the token ids it is given (no tokenizer in the loop).
 Imports nothing of the project: its venv has openvino-genai, not core.
 """
@@ -36,10 +37,18 @@ def main(spec, model, precision=None):
     props = {"INFERENCE_NUM_THREADS": spec["threads"], "NUM_STREAMS": 1}
     if precision is not None:
         props["INFERENCE_PRECISION_HINT"] = precision
-    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    cpu = ov.Core()
+    default = cpu.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     start = time.perf_counter()
     pipe = ov_genai.LLMPipeline(model, "CPU", scheduler_config=scheduler, **props)
-    out = {"load_s": time.perf_counter() - start, "version": ov_genai.__version__, "precision": precision or default}
+    out = {
+        "load_s": time.perf_counter() - start,
+        "version": ov_genai.__version__,
+        "precision": precision or default,
+        # the CPU defaults it compiles with at any precision: a u8 KV cache, int8 activations in groups
+        "kv_cache": cpu.get_property("CPU", "KV_CACHE_PRECISION").get_type_name(),
+        "dynamic_quantization_group": cpu.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE"),
+    }
     generate(pipe, [spec["prompt"]], 2)  # warm-up
     decode = []
     for _ in range(2):

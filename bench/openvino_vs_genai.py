@@ -13,14 +13,17 @@ products: openvino-genai's CPU defaults; the file's exact Q4_1 weights, in the s
 activations run), ``openvino-genai-settings-f16zp`` (the same with Q4_1's f16 zero points: exact too,
 those products on float activations), ``openvino-genai-model`` (those, and Q4_1 zero points
 rounded to 4-bit integers as openvino-genai's GGUF reader does: the model openvino-genai runs,
-not the file's exact one),
+not the file's exact one), ``openvino-genai-model-f32`` (the same at float32 compute: what
+``openvino-genai-f32`` runs),
 ``cpu_x86`` (float32), ``openvino-genai``: its ``LLMPipeline`` at its own CPU defaults (bf16
 compute where the CPU has AVX512_BF16), reading the default GGUF itself, installed (the version
 matching the installed openvino) in its own venv under the bench cache
 (``~/.cache/core-bench/openvino-genai``, made on first use), and ``openvino-genai-f32``: the same at
-``INFERENCE_PRECISION_HINT`` f32, the precision of plugin_openvino's exact default. Prints a table of
+``INFERENCE_PRECISION_HINT`` f32, the compute precision of plugin_openvino's exact default (it
+keeps its u8 KV cache, int8 activations and rounded Q4_1 zero points: like for like with
+``openvino-genai-model-f32``). Prints a table of
 medians and the per-round ratios (each plugin_openvino configuration against both openvino-genai
-runs: the row at its own precision is marked "same precision"); ``--json`` saves every round; ``--configs`` runs a subset;
+runs: the row at its own compute precision is marked "same compute precision"); ``--json`` saves every round; ``--configs`` runs a subset;
 ``--phases`` adds where a plugin_openvino batch-1 decode step's time goes (:func:`decode_phases`).
 Not for CI.
 """
@@ -65,6 +68,15 @@ CORE_CONFIGS = {
     "openvino-genai-model": (
         "openvino",
         "bfloat16",
+        {
+            "CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8",
+            "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
+            "CORE_OPENVINO_Q4_1_INTEGER_ZERO_POINTS": "1",
+        },
+    ),
+    "openvino-genai-model-f32": (
+        "openvino",
+        "float32",
         {
             "CORE_OPENVINO_CPU_KV_CACHE_PRECISION": "u8",
             "CORE_OPENVINO_DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
@@ -228,7 +240,7 @@ def load_average() -> str:
 def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...]) -> str:
     """A markdown table: each configuration's median figures, then the median per-round ratio of
     each plugin_openvino configuration to each openvino-genai configuration (marked "same
-    precision" where both computed at the same ``INFERENCE_PRECISION_HINT``) and to cpu_x86."""
+    compute precision" where both computed at the same ``INFERENCE_PRECISION_HINT``) and to cpu_x86."""
     workload = f"{args.num_seqs}x({args.prompt_len}+{args.n_gen})"
     lines = [
         f"| configuration | batch-1 decode tok/s | {workload} output tok/s | {args.prefill_len}-token prefill tok/s |",
@@ -241,7 +253,7 @@ def report(rounds: list[dict], args: argparse.Namespace, configs: tuple[str, ...
         for other in [c for c in (*GENAI_CONFIGS, "cpu_x86") if c in configs]:
             cells = [f"{statistics.median(r[ours][m] / r[other][m] for r in rounds):.2f}x" for m in METRICS]
             same = other in GENAI_CONFIGS and rounds[0][ours]["precision"] == rounds[0][other]["precision"]
-            label = f"{ours} / {other} ({'same precision, ' if same else ''}median of per-round ratios)"
+            label = f"{ours} / {other} ({'same compute precision, ' if same else ''}median of per-round ratios)"
             lines.append(f"| {label} | {' | '.join(cells)} |")
     phased = [c for c in configs if all("phases_ms" in r[c] for r in rounds)]
     if phased:
