@@ -36,8 +36,12 @@ dev:
 serve: install
 	$(VENV)/bin/core serve --device auto --port $(PORT)
 
+# every suite, then cpu_x86's again on its AVX2 kernels: the path of AVX2-only CPUs (Zen 1/2, older
+# Xeons), whose model-level behaviour (expert packing, refusals, the fused decoder) a wider host's
+# own run does not reach (~1 min)
 test: install-test
 	$(PY) -m pytest -q plugins/tests core/tests $(wildcard plugin_*/tests) tests
+	CORE_CPU_KERNEL_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider plugin_cpu_x86/tests
 
 # the CPU kernels cross-built for aarch64 and s390x and tested under qemu-user, and the
 # engine on cpu_arm under qemu against cpu_x86 in the venv
