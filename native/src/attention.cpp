@@ -310,6 +310,29 @@ static inline void group_values(long group, const float (*p)[kChunk], const R *c
 }
 #endif
 
+// One chunk's online-softmax update of a head: p[0, nv) (its scores) become exp(p - new max), p[nv, n)
+// (keys it does not see) 0, the running max m and sum l move on, and the output accumulator acc
+// [d] is rescaled to the new max.
+static inline void softmax_chunk(float *p, long nv, long n, float &m, float &l, float *acc, long d) {
+  float mx = m;
+#pragma omp simd reduction(max : mx)
+  for (long j = 0; j < nv; ++j) mx = fmax_(mx, p[j]);
+  const float corr = fast_exp(m - mx);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (long j = 0; j < nv; ++j) {
+    p[j] = fast_exp(p[j] - mx);
+    sum += p[j];
+  }
+  for (long j = nv; j < n; ++j) p[j] = 0.0f;
+  l = l * corr + sum;
+  m = mx;
+  if (corr != 1.0f) {
+#pragma omp simd
+    for (long i = 0; i < d; ++i) acc[i] *= corr;
+  }
+}
+
 #if defined(__AVX512BF16__)
 static const long kRowMax = 512;  // elements of a key's K (V) row over every kv head that attend_decode_rows takes
 
@@ -344,24 +367,7 @@ static void attend_decode_rows(bf16_t *out, const bf16_t *q, const bf16_t *kc, c
       for (long j = 0; j < n; ++j) krow[j] = kb[j] + kvh * d;
       group_scores_bf16(group, qh + kvh * group, krow, n, d, scale, p + kvh * group);
     }
-    for (long h = 0; h < hq; ++h) {  // online softmax, as attend's (the same vector sums: the same values)
-      float mx = m[h];
-  #pragma omp simd reduction(max : mx)
-      for (long j = 0; j < n; ++j) mx = fmax_(mx, p[h][j]);
-      const float corr = fast_exp(m[h] - mx);
-      float sum = 0.0f;
-  #pragma omp simd reduction(+ : sum)
-      for (long j = 0; j < n; ++j) {
-        p[h][j] = fast_exp(p[h][j] - mx);
-        sum += p[h][j];
-      }
-      l[h] = l[h] * corr + sum;
-      m[h] = mx;
-      if (corr != 1.0f) {
-  #pragma omp simd
-        for (long i = 0; i < d; ++i) acc[h][i] *= corr;
-      }
-    }
+    for (long h = 0; h < hq; ++h) softmax_chunk(p[h], n, n, m[h], l[h], acc[h], d);  // every key visible
     for (long kvh = 0; kvh < hk; ++kvh) {
       for (long j = 0; j < n; ++j) vrow[j] = vb[j] + kvh * d;
       group_values_bf16(group, p + kvh * group, vrow, n, d, acc + kvh * group);
@@ -536,23 +542,7 @@ static void attend(T *out, const T *q, long q_stride, const C *kc, const C *vc,
         for (long h = 0; h < heads; ++h) {
           // this chunk's keys token h / group sees; the rest get probability 0
           const long seen = first_visible + h / group - j0, nv = seen < n ? (seen > 0 ? seen : 0) : n;
-          float mx = m[h];
-  #pragma omp simd reduction(max : mx)
-          for (long j = 0; j < nv; ++j) mx = fmax_(mx, p[h][j]);
-          const float corr = fast_exp(m[h] - mx);
-          float sum = 0.0f;
-  #pragma omp simd reduction(+ : sum)
-          for (long j = 0; j < nv; ++j) {
-            p[h][j] = fast_exp(p[h][j] - mx);
-            sum += p[h][j];
-          }
-          for (long j = nv; j < n; ++j) p[h][j] = 0.0f;
-          l[h] = l[h] * corr + sum;
-          m[h] = mx;
-          if (corr != 1.0f) {
-  #pragma omp simd
-            for (long i = 0; i < d; ++i) acc[h][i] *= corr;
-          }
+          softmax_chunk(p[h], nv, n, m[h], l[h], acc[h], d);
         }
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same<T, bf16_t>::value && std::is_same<R, bf16_t>::value)
