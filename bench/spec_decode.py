@@ -1,6 +1,7 @@
 """Batch-1 greedy decode with and without speculative decoding, beside llama.cpp's, on the same GGUF files.
 
-    python bench/spec_decode.py [--tokens 128] [--k 4] [--lookup-max 8] [--rounds 3] [--no-llamacpp]
+    python bench/spec_decode.py [--tokens 128] [--k 4] [--ngram-k 4,6,8] [--lookup-max 8] [--rounds 3] [--no-llamacpp]
+        [--no-draft]
     python bench/spec_decode.py --profile   # one copy-heavy n-gram completion step by step
     python bench/spec_decode.py --replay    # n-gram steps of each workload's greedy output (load-independent)
 
@@ -8,6 +9,8 @@
 The target is the default model (SmolLM2-135M-Instruct) as an F16 GGUF; the drafts are n-gram
 lookup and the same model as Q4_0 (both files made by ``bench/gguf_files.py``). Two chat
 workloads: copy-heavy (the model repeats a given function) and plain chat (a short poem).
+``--ngram-k`` adds an n-gram engine for each of its
+``num_speculative_tokens`` (``--k`` is the draft model's, llama.cpp's and the first n-gram engine's).
 Each round runs every configuration once per workload, alternating, and the speed-up of a round is
 its tokens/s over the same round's plain run; printed: the median tokens/s and the median speed-up
 over ``--rounds`` rounds, and the share of draft tokens accepted. Speculative tokens are checked
@@ -84,10 +87,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument(
+        "--ngram-k", default="", help="n-gram engines' num_speculative_tokens, comma-separated (default: --k)"
+    )
     parser.add_argument("--lookup-max", type=int, default=8, help="prompt_lookup_max (prompt_lookup_min 1)")
     parser.add_argument("--llamacpp-ngram-n", type=int, default=3, help="llama.cpp's --spec-ngram-simple-size-n")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--no-draft", action="store_true", help="leave out our Q4_0 draft model")
     parser.add_argument("--profile", action="store_true", help="profile one copy-heavy n-gram completion")
     parser.add_argument("--replay", action="store_true", help="replay each workload's output through the proposer")
     parser.add_argument(
@@ -98,17 +105,21 @@ def main() -> int:
     args = parser.parse_args()
     files = gguf_files.ensure_gguf_files(("Q4_0", "F16"))
     target, draft = str(files["F16"]), str(files["Q4_0"])
-    configs = {
-        "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
-                  "prompt_lookup_max": args.lookup_max},
-        "Q4_0 draft": {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k},
-    }  # fmt: skip
+
+    def ngram(k: int) -> dict:
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+                "prompt_lookup_max": args.lookup_max}  # fmt: skip
+
+    ngram_ks = [int(k) for k in args.ngram_k.split(",")] if args.ngram_k else [args.k]
+    configs = {"ngram" if k == args.k else f"ngram k={k}": ngram(k) for k in ngram_ks}
+    if not args.no_draft:
+        configs["Q4_0 draft"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k}
     kw = dict(model=target, max_model_len=1024, max_num_seqs=1)
     if args.profile:
-        profile(LLM(speculative_config=configs["ngram"], **kw), args)
+        profile(LLM(speculative_config=ngram(args.k), **kw), args)
         return 0
     if args.replay:
-        replay(LLM(**kw), configs["ngram"], args)
+        replay(LLM(**kw), ngram(args.k), args)
         return 0
     engines = {"off": LLM(**kw)} | {name: LLM(speculative_config=c, **kw) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
