@@ -1,13 +1,15 @@
-"""Two builds of the cpu_x86 kernel library in one process: the fused decoder's batch-1 step, A/B.
+"""Two builds of the cpu_x86 kernel library in one process: the fused decoder's batch-1 or prefill step, A/B.
 
-    python bench/native_ab.py BASE.so NEW.so [--rounds 8] [--tokens 128]
+    python bench/native_ab.py BASE.so NEW.so [--rounds 8] [--tokens 128] [--dtype bfloat16]
+    python bench/native_ab.py BASE.so NEW.so --prefill 512 --rounds 20 --dtype bfloat16
 
 Each build drives its own engine on the default model (greedy, a 16-token prompt, ``--tokens``
 decode steps a round); the rounds alternate, so a noisy spell hits both. Times the native
 ``decode`` call alone (the forward of one step; the prefill step is dropped), so neither the
-engine's Python nor the logits count. On a loaded machine most steps are descheduled at least
-once: the median says little there, and the 10th percentile (steps run undisturbed) is the
-figure to compare. Both engines must produce the same tokens. Make a build with
+engine's Python nor the logits count. ``--prefill N`` times the prefill step instead: one
+prompt of N random tokens a round, one generated token. On a loaded machine most steps are
+descheduled at least once: the median says little there, and the 10th percentile (steps run
+undisturbed) is the figure to compare. Both engines must produce the same tokens. Make a build with
 ``cmake -G Ninja -S plugin_cpu_x86 -B /tmp/ab-build && ninja -C /tmp/ab-build`` (its
 ``_cx86.so``) on each side of a change. Not for CI.
 """
@@ -34,12 +36,14 @@ def main() -> int:
     p.add_argument("libraries", nargs=2, help="the two builds' _cx86.so: base, then new")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128, help="decode steps a round")
+    p.add_argument("--dtype", default="float32", help="compute dtype (float32, bfloat16)")
+    p.add_argument("--prefill", type=int, default=0, metavar="N", help="time the prefill of an N-token prompt")
     args = p.parse_args()
     for so in args.libraries:
         if not os.path.isfile(so):
             p.error(f"no library at {so}")
-    if args.rounds < 1 or args.tokens < 2:
-        p.error("--rounds must be at least 1 and --tokens at least 2")
+    if args.rounds < 1 or args.tokens < 2 or args.prefill < 0:
+        p.error("--rounds must be at least 1, --tokens at least 2 and --prefill at least 0")
 
     import engine_part
     from core.sampling_params import SamplingParams
@@ -64,18 +68,25 @@ def main() -> int:
     llms = []
     for so in args.libraries:
         library.library_path = lambda table, so=so: so
-        llms.append(engine_part.make_llm(None, "gguf", prefix_caching=False))
-    prompt = list(range(1000, 1016))
+        llms.append(engine_part.make_llm(None, "gguf", prefix_caching=False, dtype=args.dtype))
+    if args.prefill:
+        from core.bench.stats import random_prompts
+
+        vocab = llms[0].engine.loaded.hf_config.vocab_size
+        prompt = random_prompts(1, args.prefill, vocab, seed=0)[0]
+    else:
+        prompt = list(range(1000, 1016))
+    max_tokens = 1 if args.prefill else args.tokens + 1
 
     def run(llm, tag: str) -> tuple[list[float], list[int]]:
         engine, tokens = llm.engine, []
         calls.clear()
-        params = SamplingParams(temperature=0.0, max_tokens=args.tokens + 1, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         engine.add_request(tag, params=params, prompt_token_ids=prompt)
         while engine.has_unfinished_requests():
             for out in engine.step():
                 tokens = list(out.outputs[0].token_ids)
-        return calls[1:], tokens
+        return (calls[:1] if args.prefill else calls[1:]), tokens
 
     for i, llm in enumerate(llms):
         run(llm, f"warm-{i}")
