@@ -81,6 +81,10 @@ def environment(python: Path, threads: int, kv_cache_gib: int, preload: bool) ->
     env.pop("LD_PRELOAD", None)
     if preload:
         iomp = python.parent.parent / "lib" / "libiomp5.so"
+        hints = {TCMALLOC: "apt-get install libtcmalloc-minimal4", iomp: "the venv's intel-openmp wheel"}
+        for path, hint in hints.items():  # vLLM's CPU guide preloads both: say so when one is missing
+            if not Path(path).exists():
+                print(f"warning: vLLM runs without {path} preloaded ({hint})", file=sys.stderr)
         env["LD_PRELOAD"] = ":".join(str(p) for p in (TCMALLOC, iomp) if Path(p).exists())
     return env
 
