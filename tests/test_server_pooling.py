@@ -60,11 +60,16 @@ def test_embeddings_match_sentence_transformers_in_every_input_form(server, http
     assert (vectors * expected).sum(-1).min() >= 0.9999
     ids = [http.post("/tokenize", json={"prompt": d}).json()["tokens"] for d in DOCS]
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == sum(map(len, ids))
-    np.testing.assert_allclose(embed(http, DOCS[0])[0], vectors[0], atol=1e-6)
-    np.testing.assert_allclose(embed(http, ids[1])[0], vectors[1], atol=1e-6)
+    # the same rows in the same step: the same floats; one text alone against it among the four: a
+    # step's row count may pick another kernel (cpu_x86 on AMX: the tile unit from 24 rows, within
+    # 2^-15 of sum |x w| a product), so ~1e-6 apart on these unit vectors
     np.testing.assert_allclose(embed(http, ids), vectors, atol=1e-6)
+    alone = embed(http, DOCS[0])[0]
+    np.testing.assert_allclose(embed(http, ids[0])[0], alone, atol=1e-6)
+    np.testing.assert_allclose(alone, vectors[0], atol=1e-5)
+    np.testing.assert_allclose(embed(http, ids[1])[0], vectors[1], atol=1e-5)
     (b64,) = embed(http, DOCS[2], encoding_format="base64")
-    np.testing.assert_allclose(np.frombuffer(base64.b64decode(b64), dtype="<f4"), vectors[2], atol=1e-6)
+    np.testing.assert_allclose(np.frombuffer(base64.b64decode(b64), dtype="<f4"), embed(http, DOCS[2])[0], atol=1e-6)
     metrics = http.get("/metrics").text
     assert re.search(r'^core:request_success_total\{finished_reason="stop",model_name="minilm"\} (\d+)', metrics, re.M)
     prompt_tokens = re.search(r"^core:prompt_tokens_total\{[^}]*\} (\S+)$", metrics, re.M)
