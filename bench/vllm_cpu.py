@@ -82,10 +82,11 @@ def environment(python: Path, threads: int, kv_cache_gib: int, preload: bool) ->
     if preload:
         iomp = python.parent.parent / "lib" / "libiomp5.so"
         hints = {TCMALLOC: "apt-get install libtcmalloc-minimal4", iomp: "the venv's intel-openmp wheel"}
+        present = [str(path) for path in hints if Path(path).exists()]
         for path, hint in hints.items():  # vLLM's CPU guide preloads both: say so when one is missing
-            if not Path(path).exists():
+            if str(path) not in present:
                 print(f"warning: vLLM runs without {path} preloaded ({hint})", file=sys.stderr)
-        env["LD_PRELOAD"] = ":".join(str(p) for p in (TCMALLOC, iomp) if Path(p).exists())
+        env["LD_PRELOAD"] = ":".join(present)
     return env
 
 
