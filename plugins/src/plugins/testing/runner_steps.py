@@ -84,9 +84,14 @@ class _StepWorker:
         from core.distributed.worker import Worker
         from core.resolve import resolve_engine
 
-        settings = dict(model=model, device=platform, dtype=dtype, max_model_len=256, kv_cache_bytes=4 << 20)
-        if block_size is not None:
-            settings["block_size"] = block_size
+        settings = dict(model=model, device=platform, dtype=dtype, kv_cache_bytes=4 << 20)
+        if block_size is None:
+            block_size = resolve_engine(EngineConfig(**settings, max_model_len=256)).config.block_size
+        # the steps' rows take at most 3 blocks and 13 tokens a step and 2 blocks and 12 a sequence: a
+        # budget of that size keeps the start-up profile run (a forward of the budget) as small as the
+        # steps (at a GPU platform's default of 8192 tokens it took minutes under Triton's interpreter)
+        room = 4 * block_size + 16
+        settings.update(block_size=block_size, max_model_len=room, max_num_seqs=4, max_num_batched_tokens=room)
         resolved = resolve_engine(EngineConfig(**settings))
         self.block_size = resolved.config.block_size
         self.worker = Worker(resolved.platform, resolved.config, resolved.model, load_tokenizer=False)
