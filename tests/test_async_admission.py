@@ -91,3 +91,49 @@ def test_requests_admitted_during_a_step_enter_at_the_next_boundary_in_order(mod
     assert arrivals == sorted(arrivals)
     assert e[-1].metrics.arrival_time == submitted - 5.0 and e[-1].metrics.time_in_queue >= 5.0
     engine.engine.block_manager.check_no_leaks()
+
+
+def test_stats_count_a_request_once_while_the_engine_takes_it_in(model_dir):
+    """``stats`` counts a request handed to ``add_request`` as waiting from the call on, and once only:
+    while its command is queued behind a held step, and after the engine took it in and refreshed its
+    snapshot but before the caller's coroutine resumed (a /metrics read then counted it twice: 21
+    requests running + waiting of 16 sent, once under load)."""
+    config = EngineConfig(
+        model=str(model_dir), device=ReferencePlatform(), dtype="float32", max_num_seqs=8,
+        max_num_batched_tokens=64, max_model_len=128, kv_cache_bytes=1 << 20,
+    )  # fmt: skip
+    engine = AsyncEngine(lambda: LLMEngine(config, skip_tokenizer_init=True))
+    held = HeldFirstStep(engine.engine)
+    engine.engine.step = held
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+
+    def counted() -> int:
+        stats = engine.stats()
+        return stats["num_running"] + stats["num_waiting"]
+
+    async def run(request_id: str):
+        stream = await engine.add_request(request_id, params, prompt_token_ids=[1, 2, 3])
+        return [out async for out in stream]
+
+    async def scenario():
+        first = asyncio.create_task(run("a"))
+        await asyncio.get_running_loop().run_in_executor(None, held.started.wait, 10)
+        assert counted() == 1
+        second = asyncio.create_task(run("b"))
+        await asyncio.sleep(0)  # b's command queued behind the held step
+        queued = counted()
+        held.release.set()
+        deadline = time.monotonic() + 10
+        while len(held.boundaries) < 2 and time.monotonic() < deadline:  # the loop held: b's caller cannot resume
+            time.sleep(0.001)
+        taken_in = counted()
+        return queued, taken_in, await first, await second
+
+    try:
+        queued, taken_in, first, second = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert held.boundaries[1] == ["a", "b"]
+    assert (queued, taken_in) == (2, 2)
+    assert first[-1].finished and second[-1].finished
+    assert engine.stats()["num_waiting"] == 0

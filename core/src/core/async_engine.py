@@ -57,6 +57,10 @@ class AsyncEngine:
         self._stop = threading.Event()
         self.engine: LLMEngine
         self._stats: dict[str, Any] = {}
+        # requests handed to add_request whose command has not run yet: counted as waiting by stats()
+        # until the engine thread takes them in (it then drops them here before the next snapshot)
+        self._adding = 0
+        self._adding_lock = threading.Lock()  # changed from both threads
         #: why the engine stopped for good (a worker failed), or None
         self.failure: WorkerFailed | None = None
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -71,8 +75,13 @@ class AsyncEngine:
         return self._thread.is_alive() and not self._stop.is_set()
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of the engine's counters, taken after its last step."""
-        return dict(self._stats)
+        """A snapshot of the engine's counters, taken after its last step, with the requests
+        :meth:`add_request` has not yet handed to the engine counted as waiting. Each request is
+        counted once at most: by the front end's count until the engine thread takes it in, by the
+        snapshot after the next refresh (in between, by neither)."""
+        stats = dict(self._stats)  # the snapshot first: a request taken in after it is still in _adding
+        stats["num_waiting"] = stats.get("num_waiting", 0) + self._adding
+        return stats
 
     def _call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         if not self.is_running:
@@ -112,25 +121,36 @@ class AsyncEngine:
         """
         arrival = time.time() if arrival_time is None else arrival_time
         outputs: asyncio.Queue = asyncio.Queue()
+
+        ran = []
+
+        def take_in() -> None:  # on the engine thread
+            ran.append(True)
+            self._count_adding(-1)
+            self.engine.add_request(
+                request_id, prompt, params, prompt_token_ids, arrival_time=arrival, priority=priority,
+                lora_request=lora_request,
+            )  # fmt: skip
+
+        self._count_adding(1)
+        try:
+            future = self._call(take_in)
+        except BaseException:
+            self._count_adding(-1)
+            raise
         self._streams[request_id] = (asyncio.get_running_loop(), outputs)
         try:
-            await asyncio.wrap_future(
-                self._call(
-                    lambda: self.engine.add_request(
-                        request_id,
-                        prompt,
-                        params,
-                        prompt_token_ids,
-                        arrival_time=arrival,
-                        priority=priority,
-                        lora_request=lora_request,
-                    )
-                )
-            )
+            await asyncio.wrap_future(future)
         except BaseException:
+            if future.cancelled() or (future.done() and not ran):  # take_in never ran (a dead engine skips it)
+                self._count_adding(-1)
             self._streams.pop(request_id, None)
             raise
         return RequestStream(self, request_id, outputs)
+
+    def _count_adding(self, change: int) -> None:
+        with self._adding_lock:
+            self._adding += change
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
         """Load a LoRA adapter on the engine thread; ValueError when it cannot be used."""
@@ -198,7 +218,8 @@ class AsyncEngine:
         """The step boundary: everything queued (requests admitted during the step, aborts) in order.
 
         The stats snapshot is refreshed after them, so a request the front end saw accepted is
-        counted by the engine's gauges from then on (and by the front end's until then).
+        counted by the engine's gauges from then on (and by :meth:`stats`' count of the requests
+        not yet taken in until its command ran).
         """
         num_run = 0
         while True:

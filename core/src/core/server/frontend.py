@@ -142,7 +142,7 @@ class Frontend:
         self.vocab_size: int = llm.loaded.hf_config.vocab_size
         self.max_queue_len = max_queue_len
         self.num_queued = 0  # admitted requests without a first output yet
-        self.pending = [0] * len(self.replicas)  # routed to each replica, not yet taken in by its engine
+        self.pending = [0] * len(self.replicas)  # routed to each replica, compiling their grammars
         self.in_flight = [0] * len(self.replicas)  # requests routed to each replica and not finished
         self.metrics = ServerMetrics(self.stats, model_name)
         # tokenizers release the GIL while they encode: a few threads keep one huge prompt
@@ -176,7 +176,8 @@ class Frontend:
             engine.shutdown()
 
     def stats(self) -> list[dict[str, Any]]:
-        """Each replica's stats, with requests routed to it but not yet in its engine counted as waiting."""
+        """Each replica's stats, with the requests routed to it that are compiling their grammars counted as waiting
+        (its engine counts the ones it was handed: :meth:`core.async_engine.AsyncLLMEngine.stats`)."""
         stats = [engine.stats() for engine in self.replicas]
         for s, pending in zip(stats, self.pending, strict=True):
             s["num_waiting"] = s.get("num_waiting", 0) + pending
@@ -440,16 +441,17 @@ class Frontend:
         lora: LoRARequest | None,
     ) -> TrackedStream:  # fmt: skip
         replica = min(range(len(self.replicas)), key=self.in_flight.__getitem__)
-        self.pending[replica] += 1
-        try:
-            if params.structured_outputs is not None:
+        if params.structured_outputs is not None:  # counted as waiting while its grammar compiles
+            self.pending[replica] += 1
+            try:
                 await self._compile(self.replicas[replica], params.structured_outputs)
+            finally:
+                self.pending[replica] -= 1
+        try:  # from the call on, the engine counts it (AsyncLLMEngine.stats): no await in between
             stream = await self.replicas[replica].add_request(
                 request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time, lora_request=lora
             )
         except EngineDeadError as exc:
             raise APIError(503, f"the engine is not running: {exc}") from exc
-        finally:
-            self.pending[replica] -= 1
         self.in_flight[replica] += 1
         return TrackedStream(self, replica, ticket, stream)
