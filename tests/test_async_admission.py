@@ -49,7 +49,8 @@ class HeldFirstStep:
         return self.step()
 
 
-def test_requests_admitted_during_a_step_enter_at_the_next_boundary_in_order(model_dir):
+def held_engine(model_dir) -> tuple[AsyncEngine, HeldFirstStep]:
+    """An engine on the tiny model whose first step is held open."""
     config = EngineConfig(
         model=str(model_dir), device=ReferencePlatform(), dtype="float32", max_num_seqs=8,
         max_num_batched_tokens=64, max_model_len=128, kv_cache_bytes=1 << 20,
@@ -57,6 +58,11 @@ def test_requests_admitted_during_a_step_enter_at_the_next_boundary_in_order(mod
     engine = AsyncEngine(lambda: LLMEngine(config, skip_tokenizer_init=True))
     held = HeldFirstStep(engine.engine)
     engine.engine.step = held
+    return engine, held
+
+
+def test_requests_admitted_during_a_step_enter_at_the_next_boundary_in_order(model_dir):
+    engine, held = held_engine(model_dir)
     params = SamplingParams(temperature=0.0, max_tokens=4)
 
     async def run(request_id: str, prompt: list[int], arrival: float | None = None):
@@ -98,13 +104,7 @@ def test_stats_count_a_request_once_while_the_engine_takes_it_in(model_dir):
     while its command is queued behind a held step, and after the engine took it in and refreshed its
     snapshot but before the caller's coroutine resumed (a /metrics read then counted it twice: 21
     requests running + waiting of 16 sent, once under load)."""
-    config = EngineConfig(
-        model=str(model_dir), device=ReferencePlatform(), dtype="float32", max_num_seqs=8,
-        max_num_batched_tokens=64, max_model_len=128, kv_cache_bytes=1 << 20,
-    )  # fmt: skip
-    engine = AsyncEngine(lambda: LLMEngine(config, skip_tokenizer_init=True))
-    held = HeldFirstStep(engine.engine)
-    engine.engine.step = held
+    engine, held = held_engine(model_dir)
     params = SamplingParams(temperature=0.0, max_tokens=4)
 
     def counted() -> int:
