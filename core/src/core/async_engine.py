@@ -77,7 +77,7 @@ class AsyncEngine:
     def stats(self) -> dict[str, Any]:
         """A snapshot of the engine's counters, taken after its last step, with the requests
         :meth:`add_request` has not yet handed to the engine counted as waiting. Each request is
-        counted once at most: by the front end's count until the engine thread takes it in, by the
+        counted once at most: by this count until the engine thread takes it in, by the
         snapshot after the next refresh (in between, by neither)."""
         stats = dict(self._stats)  # the snapshot first: a request taken in after it is still in _adding
         stats["num_waiting"] = stats.get("num_waiting", 0) + self._adding

@@ -177,7 +177,7 @@ class Frontend:
 
     def stats(self) -> list[dict[str, Any]]:
         """Each replica's stats, with the requests routed to it that are compiling their grammars counted as waiting
-        (its engine counts the ones it was handed: :meth:`core.async_engine.AsyncLLMEngine.stats`)."""
+        (its engine counts the ones it was handed: :meth:`core.async_engine.AsyncEngine.stats`)."""
         stats = [engine.stats() for engine in self.replicas]
         for s, pending in zip(stats, self.pending, strict=True):
             s["num_waiting"] = s.get("num_waiting", 0) + pending
@@ -447,7 +447,7 @@ class Frontend:
                 await self._compile(self.replicas[replica], params.structured_outputs)
             finally:
                 self.pending[replica] -= 1
-        try:  # from the call on, the engine counts it (AsyncLLMEngine.stats): no await in between
+        try:  # from the call on, the engine counts it (AsyncEngine.stats): no await in between
             stream = await self.replicas[replica].add_request(
                 request_id, params, prompt_token_ids=prompt_ids, arrival_time=arrival_time, lora_request=lora
             )
